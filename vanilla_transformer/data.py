@@ -1,0 +1,411 @@
+"""Parallel corpora for the translation task (paper §5.1): loading, the embedded gettext default, tokenization.
+
+Every source ends up as a `datasets.DatasetDict` with string columns `source` and `target` and splits `train`,
+`validation` and (when available) `test`. Sources:
+
+- local files: TSV/CSV with a header naming the languages, JSON lines (`{"en": ..., "de": ...}` or
+  `{"translation": {"en": ..., "de": ...}}`), or Moses-style pairs of plain-text files given by their common prefix
+  (`data/train` for `data/train.en` + `data/train.de`);
+- a Hub dataset with a `translation` column (`wmt14`, `de-en`), for users online;
+- the embedded default: English→X pairs harvested from the gettext catalogs installed on the machine
+  (`/usr/share/locale/<lang>/LC_MESSAGES/*.mo`), real human translations of program messages.
+"""
+
+from __future__ import annotations
+
+import csv
+import gettext
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from datasets import Dataset, DatasetDict
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+SPLITS = ("train", "validation", "test")
+DEFAULT_LOCALE_DIR = "/usr/share/locale"
+
+
+@dataclass
+class DataArguments:
+    """Where the parallel data comes from and how it is cut (parsed by `HfArgumentParser`)."""
+
+    source_lang: str = field(default="en", metadata={"help": "Source language code (column / file suffix)."})
+    target_lang: str = field(default="de", metadata={"help": "Target language code (column / file suffix)."})
+    train_file: str | None = field(
+        default=None,
+        metadata={"help": "Training data: .tsv/.csv with a header, .json/.jsonl, or a Moses prefix (data/train)."},
+    )
+    validation_file: str | None = field(default=None, metadata={"help": "Validation data, same formats."})
+    test_file: str | None = field(default=None, metadata={"help": "Test data, same formats."})
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "Hub dataset with a `translation` column, e.g. wmt14 (needs internet)."}
+    )
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Hub dataset config, e.g. de-en."})
+    gettext_locale_dir: str = field(
+        default=DEFAULT_LOCALE_DIR,
+        metadata={"help": "Where gettext catalogs live; used when no file or dataset is given (the default)."},
+    )
+    gettext_min_pairs: int = field(
+        default=1000, metadata={"help": "Fewest cleaned gettext pairs accepted before asking for other data."}
+    )
+    tokenizer_name: str | None = field(
+        default=None, metadata={"help": "Folder of a tokenizer from scripts/train_tokenizer.py (or a model folder)."}
+    )
+    max_source_length: int = field(default=128, metadata={"help": "Pairs with a longer source are dropped."})
+    max_target_length: int = field(default=128, metadata={"help": "Pairs with a longer target are dropped."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training pairs."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N eval/test pairs."})
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for datasets.map."})
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Local files
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def read_parallel_file(path: str | os.PathLike, source_lang: str, target_lang: str) -> Dataset:
+    """Read one split from a TSV/CSV/JSON-lines file or a Moses prefix into a `source`/`target` dataset.
+
+    Raises:
+        FileNotFoundError: the file (or one of the Moses pair) does not exist.
+        ValueError: the header lacks the language columns, or the file holds no pair.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix in (".tsv", ".csv"):
+        sources, targets = _read_delimited(path, source_lang, target_lang, delimiter="\t" if suffix == ".tsv" else ",")
+    elif suffix in (".json", ".jsonl"):
+        sources, targets = _read_json_lines(path, source_lang, target_lang)
+    else:
+        sources, targets = _read_moses(path, source_lang, target_lang)
+    pairs = [(s.strip(), t.strip()) for s, t in zip(sources, targets, strict=True)]
+    kept = [(s, t) for s, t in pairs if s and t]
+    if len(kept) < len(pairs):
+        logger.warning(f"{path}: skipped {len(pairs) - len(kept)} pairs with an empty side.")
+    if not kept:
+        raise ValueError(f"{path} holds no sentence pair ({source_lang}→{target_lang}); the corpus is empty.")
+    return Dataset.from_dict({"source": [s for s, _ in kept], "target": [t for _, t in kept]})
+
+
+def _require_file(path: Path) -> None:
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"Data file not found: {path}. Check the --train_file/--validation_file/--test_file path."
+        )
+
+
+def _missing_columns_error(path: Path, found: Iterable[str], source_lang: str, target_lang: str) -> ValueError:
+    return ValueError(
+        f"{path}: expected columns {source_lang!r} and {target_lang!r} (from --source_lang/--target_lang) but found "
+        f"{sorted(found)}. Rename the header or pass the matching language codes."
+    )
+
+
+def _read_delimited(path: Path, source_lang: str, target_lang: str, delimiter: str) -> tuple[list[str], list[str]]:
+    _require_file(path)
+    with path.open(encoding="utf-8", newline="") as handle:
+        # TSV files carry no quoting (a quote is part of the text); CSV uses standard quoting.
+        quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+        reader = csv.DictReader(handle, delimiter=delimiter, quoting=quoting)
+        header = reader.fieldnames or []
+        if source_lang not in header or target_lang not in header:
+            raise _missing_columns_error(path, header, source_lang, target_lang)
+        rows = list(reader)
+    return [row[source_lang] or "" for row in rows], [row[target_lang] or "" for row in rows]
+
+
+def _read_json_lines(path: Path, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
+    _require_file(path)
+    sources, targets = [], []
+    with path.open(encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"{path}:{line_number} is not valid JSON ({error}); expected one object per line."
+                ) from None
+            record = record.get("translation", record) if isinstance(record, dict) else {}
+            if source_lang not in record or target_lang not in record:
+                raise _missing_columns_error(path, record.keys(), source_lang, target_lang)
+            sources.append(record[source_lang])
+            targets.append(record[target_lang])
+    return sources, targets
+
+
+def _read_moses(prefix: Path, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
+    source_path = Path(f"{prefix}.{source_lang}")
+    target_path = Path(f"{prefix}.{target_lang}")
+    for candidate in (source_path, target_path):
+        if not candidate.is_file():
+            raise FileNotFoundError(
+                f"Data file not found: {candidate}. A path without a .tsv/.csv/.json/.jsonl suffix is read as a "
+                f"Moses prefix: {prefix}.{source_lang} and {prefix}.{target_lang} must both exist."
+            )
+    sources = source_path.read_text(encoding="utf-8").splitlines()
+    targets = target_path.read_text(encoding="utf-8").splitlines()
+    if len(sources) != len(targets):
+        raise ValueError(
+            f"Moses files are not parallel: {source_path} has {len(sources)} lines, {target_path} has {len(targets)}."
+        )
+    return sources, targets
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Hub-style datasets
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def normalize_translation_dataset(dataset: DatasetDict, source_lang: str, target_lang: str) -> DatasetDict:
+    """Turn a Hub-style dataset (a `translation` column of `{lang: text}` dicts, or one column per language) into
+    `source`/`target` columns; `valid`/`dev` splits are renamed `validation`."""
+    normalized = {}
+    for split, part in dataset.items():
+        split = {"valid": "validation", "dev": "validation"}.get(split, split)
+        columns = part.column_names
+        if "translation" in columns:
+            first = part[0]["translation"] if len(part) else {}
+            if source_lang not in first or target_lang not in first:
+                raise ValueError(
+                    f"Split {split!r}: the `translation` column has languages {sorted(first)}, not "
+                    f"{source_lang!r} and {target_lang!r}. Pass matching --source_lang/--target_lang."
+                )
+
+            def flatten(batch):
+                return {
+                    "source": [pair[source_lang] for pair in batch["translation"]],
+                    "target": [pair[target_lang] for pair in batch["translation"]],
+                }
+
+            part = part.map(flatten, batched=True, remove_columns=columns, desc=f"Reading {split}")
+        elif source_lang in columns and target_lang in columns:
+            part = part.select_columns([source_lang, target_lang])
+            part = part.rename_columns({source_lang: "source", target_lang: "target"})
+        else:
+            raise ValueError(
+                f"Split {split!r} has columns {columns}: expected a `translation` column or columns "
+                f"{source_lang!r} and {target_lang!r}."
+            )
+        if len(part) == 0:
+            raise ValueError(f"Split {split!r} of the dataset is empty.")
+        normalized[split] = part
+    if "train" not in normalized:
+        raise ValueError(f"The dataset has no `train` split (found {sorted(normalized)}).")
+    return DatasetDict(normalized)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The embedded default: gettext catalogs
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def read_mo_catalog(path: str | os.PathLike) -> list[tuple[str, str]]:
+    """(msgid, msgstr) pairs of one compiled gettext catalog, without the header, contexts and plural forms."""
+    with open(path, "rb") as handle:
+        catalog = gettext.GNUTranslations(handle)._catalog
+    pairs = []
+    for key, value in catalog.items():
+        # Plural entries are keyed (msgid, n); context entries are "context\x04msgid"; "" is the header.
+        if not isinstance(key, str) or not key or "\x04" in key:
+            continue
+        pairs.append((key, value))
+    return pairs
+
+
+def fold_whitespace(text: str) -> str:
+    """Fold newlines, tabs and runs of spaces into single spaces."""
+    return " ".join(text.split())
+
+
+def clean_pairs(
+    pairs: Iterable[tuple[str, str]], min_chars: int = 2, max_chars: int = 300, max_ratio: float = 3.0
+) -> list[tuple[str, str]]:
+    """Fold whitespace; drop identical sides, sides under `min_chars` or over `max_chars` characters, and length
+    ratios outside [1/max_ratio, max_ratio]; keep the first translation of each source sentence."""
+    seen: set[str] = set()
+    cleaned = []
+    for source, target in pairs:
+        source, target = fold_whitespace(source), fold_whitespace(target)
+        if source == target or source in seen:
+            continue
+        if min(len(source), len(target)) < min_chars or max(len(source), len(target)) > max_chars:
+            continue
+        if not 1.0 / max_ratio <= len(source) / len(target) <= max_ratio:
+            continue
+        seen.add(source)
+        cleaned.append((source, target))
+    return cleaned
+
+
+def split_of(source: str, valid_fraction: float = 0.02, test_fraction: float = 0.02) -> str:
+    """Deterministic split of a pair from the sha256 of its source side, so no source sentence is in two splits."""
+    bucket = int(hashlib.sha256(source.encode("utf-8")).hexdigest()[:12], 16) / 16**12  # uniform in [0, 1)
+    if bucket < test_fraction:
+        return "test"
+    if bucket < test_fraction + valid_fraction:
+        return "validation"
+    return "train"
+
+
+def harvest_gettext_pairs(
+    target_lang: str, locale_dir: str | os.PathLike = DEFAULT_LOCALE_DIR
+) -> list[tuple[str, str]]:
+    """Raw English→`target_lang` pairs from every `<locale_dir>/<target_lang>/LC_MESSAGES/*.mo` (sorted by file)."""
+    messages_dir = Path(locale_dir) / target_lang / "LC_MESSAGES"
+    catalogs = sorted(messages_dir.glob("*.mo")) if messages_dir.is_dir() else []
+    if not catalogs:
+        raise ValueError(
+            f"No gettext catalogs for language {target_lang!r}: {messages_dir} has no .mo files. Install the "
+            f"language's translations (e.g. Debian `locales-all` plus packages' -l10n), choose another --target_lang, "
+            "or point the script at your own data with --train_file/--validation_file or --dataset_name."
+        )
+    pairs = []
+    for catalog in catalogs:
+        try:
+            pairs.extend(read_mo_catalog(catalog))
+        except (OSError, UnicodeDecodeError, LookupError) as error:
+            logger.warning(f"Skipping unreadable catalog {catalog}: {error}")
+    logger.info(f"Read {len(pairs)} messages from {len(catalogs)} catalogs in {messages_dir}.")
+    return pairs
+
+
+def gettext_corpus(
+    target_lang: str,
+    locale_dir: str | os.PathLike = DEFAULT_LOCALE_DIR,
+    min_pairs: int = 1000,
+    valid_fraction: float = 0.02,
+    test_fraction: float = 0.02,
+) -> DatasetDict:
+    """The embedded default corpus: cleaned, de-duplicated English→`target_lang` gettext pairs split by hash."""
+    pairs = clean_pairs(harvest_gettext_pairs(target_lang, locale_dir))
+    if len(pairs) < min_pairs:
+        raise ValueError(
+            f"Only {len(pairs)} clean English→{target_lang} pairs were found in the gettext catalogs under "
+            f"{locale_dir} (at least {min_pairs} needed). Point the script at other data with "
+            "--train_file/--validation_file/--test_file or --dataset_name, or lower --gettext_min_pairs."
+        )
+    columns = {split: {"source": [], "target": []} for split in SPLITS}
+    for source, target in pairs:
+        split = split_of(source, valid_fraction, test_fraction)
+        columns[split]["source"].append(source)
+        columns[split]["target"].append(target)
+    for split in SPLITS:
+        if not columns[split]["source"]:
+            raise ValueError(f"The gettext corpus has no {split} pair ({len(pairs)} pairs in all); add data.")
+    logger.info(
+        "gettext corpus: " + ", ".join(f"{split} {len(columns[split]['source'])}" for split in SPLITS) + " pairs."
+    )
+    return DatasetDict({split: Dataset.from_dict(columns[split]) for split in SPLITS})
+
+
+def write_tsv(dataset: DatasetDict, out_dir: str | os.PathLike, source_lang: str, target_lang: str) -> dict[str, Path]:
+    """Write each split as `<out_dir>/<split>.tsv` with a `source_lang<TAB>target_lang` header (no quoting)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, part in dataset.items():
+        name = "valid" if split == "validation" else split
+        path = out_dir / f"{name}.tsv"
+        with path.open("w", encoding="utf-8") as handle:
+            handle.write(f"{source_lang}\t{target_lang}\n")
+            for source, target in zip(part["source"], part["target"], strict=True):
+                handle.write(f"{fold_whitespace(source)}\t{fold_whitespace(target)}\n")
+        paths[split] = path
+    return paths
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# One entry point and tokenization
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def load_parallel_data(args: DataArguments) -> DatasetDict:
+    """Load the corpus the arguments name: local files, else a Hub dataset, else the gettext default."""
+    if args.train_file or args.validation_file or args.test_file:
+        if not args.train_file:
+            raise ValueError("--validation_file/--test_file were given without --train_file.")
+        files = {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}
+        dataset = DatasetDict(
+            {
+                split: read_parallel_file(path, args.source_lang, args.target_lang)
+                for split, path in files.items()
+                if path
+            }
+        )
+    elif args.dataset_name:
+        import datasets
+
+        raw = datasets.load_dataset(args.dataset_name, args.dataset_config_name)
+        dataset = normalize_translation_dataset(raw, args.source_lang, args.target_lang)
+    else:
+        if args.source_lang != "en":
+            raise ValueError(
+                f"The gettext default gives English→X pairs, but --source_lang is {args.source_lang!r}. "
+                "Use --source_lang en, or pass --train_file/--dataset_name."
+            )
+        dataset = gettext_corpus(args.target_lang, args.gettext_locale_dir, min_pairs=args.gettext_min_pairs)
+    if args.max_train_samples is not None:
+        dataset["train"] = dataset["train"].select(range(min(args.max_train_samples, len(dataset["train"]))))
+    if args.max_eval_samples is not None:
+        for split in ("validation", "test"):
+            if split in dataset:
+                dataset[split] = dataset[split].select(range(min(args.max_eval_samples, len(dataset[split]))))
+    return dataset
+
+
+def tokenize_parallel(
+    dataset: Dataset,
+    tokenizer,
+    max_source_length: int,
+    max_target_length: int,
+    num_proc: int | None = None,
+) -> tuple[Dataset, int]:
+    """Tokenize `source`/`target` (batched `datasets.map`), drop over-length pairs, keep their lengths.
+
+    Returns:
+        The dataset with `input_ids`, `attention_mask`, `labels`, `source_length`, `target_length` and `length`
+        (the longer of the two, for `train_sampling_strategy="group_by_length"`), and the number of pairs dropped.
+    """
+    missing = {"source", "target"} - set(dataset.column_names)
+    if missing:
+        raise ValueError(f"Cannot tokenize: columns {sorted(missing)} are missing (found {dataset.column_names}).")
+
+    def encode(batch):
+        encoded = tokenizer(batch["source"], text_target=batch["target"], truncation=False)
+        encoded["source_length"] = [len(ids) for ids in encoded["input_ids"]]
+        encoded["target_length"] = [len(ids) for ids in encoded["labels"]]
+        encoded["length"] = [
+            max(s, t) for s, t in zip(encoded["source_length"], encoded["target_length"], strict=True)
+        ]
+        return encoded
+
+    tokenized = dataset.map(
+        encode, batched=True, num_proc=num_proc, remove_columns=dataset.column_names, desc="Tokenizing"
+    )
+
+    def fits(batch):
+        return [
+            s <= max_source_length and t <= max_target_length
+            for s, t in zip(batch["source_length"], batch["target_length"], strict=True)
+        ]
+
+    kept = tokenized.filter(fits, batched=True, num_proc=num_proc, desc="Filtering long pairs")
+    dropped = len(tokenized) - len(kept)
+    if dropped:
+        logger.warning(
+            f"Dropped {dropped} of {len(tokenized)} pairs longer than {max_source_length} source / "
+            f"{max_target_length} target tokens."
+        )
+    if len(kept) == 0:
+        raise ValueError(
+            f"Every pair is longer than max_source_length={max_source_length}/max_target_length={max_target_length}."
+        )
+    return kept, dropped
