@@ -1,0 +1,264 @@
+"""The paper's training recipe (§5) on `Seq2SeqTrainer`: Adam(0.9, 0.98, 1e-9), the warmup/inverse-square-root
+learning rate (§5.3, Eq. 3), label smoothing 0.1 (§5.4), and batches of about N source + N target tokens grouped by
+length (§5.1), which the stock Trainer cannot build. Runs unchanged under `accelerate launch` (DDP, FSDP, DeepSpeed).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+# Each part of the recipe: Seq2SeqTrainingArguments field -> paper value (learning_rate is derived from d_model).
+PAPER_TRAINING_DEFAULTS = {
+    "adam_beta1": 0.9,  # §5.3
+    "adam_beta2": 0.98,  # §5.3
+    "adam_epsilon": 1e-9,  # §5.3
+    "warmup_steps": 4000,  # §5.3
+    "label_smoothing_factor": 0.1,  # §5.4
+    "weight_decay": 0.0,  # not used by the paper
+    "max_grad_norm": 0.0,  # the paper does not clip gradients
+    "generation_num_beams": 4,  # §6.1
+}
+PAPER_LENGTH_PENALTY = 0.6  # §6.1 (transformers applies it as score / length**alpha, not GNMT's ((5+|Y|)/6)**alpha)
+PAPER_MAX_TOKENS = 4096  # per device and side; ~25k per step needs max_tokens × processes × accumulation ≈ 25000
+
+
+@dataclass
+class RecipeArguments:
+    """The paper's recipe as one switch; every part can still be set on the command line."""
+
+    paper_recipe: bool = field(
+        default=True,
+        metadata={
+            "help": "Apply the paper's recipe (§5): Adam betas (0.9, 0.98), eps 1e-9, warmup 4000, the d_model^-0.5 "
+            "inverse-sqrt schedule, label smoothing 0.1, no weight decay or clipping, token-budget batches, beam 4 "
+            "and length penalty 0.6. Flags given explicitly win; --paper_recipe false leaves Trainer defaults."
+        },
+    )
+    lr_schedule: str = field(
+        default="noam",
+        metadata={
+            "help": "'noam': lr = scale · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5) (§5.3, Eq. 3), with the "
+            "scale taken from --learning_rate when it is given; 'trainer': use --lr_scheduler_type."
+        },
+    )
+    max_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token budget per device and batch, for the source and the target side each (padding counted); "
+            f"pairs are grouped by length. Default {PAPER_MAX_TOKENS} with the recipe; 0 = use "
+            "--per_device_train_batch_size."
+        },
+    )
+    length_penalty: float | None = field(
+        default=None,
+        metadata={"help": f"Beam-search length penalty (default {PAPER_LENGTH_PENALTY} with the recipe)."},
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Learning-rate schedule (§5.3, Eq. 3)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def noam_learning_rate(step: int, d_model: int, warmup_steps: int = 4000) -> float:
+    """lrate = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5), paper Eq. (3); `step` counts from 1."""
+    if step < 1 or warmup_steps < 1 or d_model < 1:
+        raise ValueError(f"step, warmup_steps and d_model must be >= 1 (got {step}, {warmup_steps}, {d_model}).")
+    return d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+def noam_peak_learning_rate(d_model: int, warmup_steps: int = 4000) -> float:
+    """The schedule's maximum, reached at step = warmup_steps: (d_model · warmup_steps)^-0.5."""
+    return noam_learning_rate(warmup_steps, d_model, warmup_steps)
+
+
+def _noam_multiplier(completed_steps: int, warmup_steps: int) -> float:
+    step = completed_steps + 1  # LambdaLR counts completed updates; update number `step` uses this value
+    return min(step**-0.5, step * warmup_steps**-1.5) * math.sqrt(warmup_steps)  # 1.0 at the peak
+
+
+def get_noam_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """LambdaLR giving update n the rate `peak · min(n^-0.5, n · w^-1.5) · w^0.5`, where `peak` is the optimizer's lr.
+
+    With peak = noam_peak_learning_rate(d_model, w) this is exactly Eq. (3).
+    """
+    if warmup_steps < 1:
+        raise ValueError(f"The noam schedule needs warmup_steps >= 1 (got {warmup_steps}).")
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(_noam_multiplier, warmup_steps=warmup_steps))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Token-budget batches (§5.1)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class TokenBudgetBatchSampler(Sampler[list[int]]):
+    """Batches of pairs of similar length holding at most `max_tokens` source and `max_tokens` target tokens.
+
+    Pairs are sorted by (source, target) length with random tie-breaking, packed greedily so that
+    `len(batch) · longest source <= max_tokens` and the same for targets (padding counted, so the budget bounds
+    memory), and the batch order is shuffled. Every rank builds the same global list from `seed + epoch` and takes
+    batches `rank, rank + num_replicas, ...`, so ranks see distinct batches; the list is padded by wrapping around to a
+    multiple of `num_replicas` so every rank runs the same number of steps (DDP needs that).
+    """
+
+    def __init__(
+        self,
+        source_lengths: Sequence[int],
+        target_lengths: Sequence[int],
+        max_tokens: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        shuffle: bool = True,
+        seed: int = 0,
+        max_sentences: int | None = None,
+    ):
+        self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
+        self.target_lengths = np.asarray(target_lengths, dtype=np.int64)
+        if self.source_lengths.shape != self.target_lengths.shape or self.source_lengths.ndim != 1:
+            raise ValueError("source_lengths and target_lengths must be 1-D and of equal length.")
+        if len(self.source_lengths) == 0:
+            raise ValueError("Cannot batch an empty dataset.")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, num_replicas={num_replicas}) (got {rank}).")
+        longest = int(max(self.source_lengths.max(), self.target_lengths.max()))
+        if longest > max_tokens:
+            raise ValueError(
+                f"max_tokens={max_tokens} is smaller than the longest sequence ({longest} tokens); raise --max_tokens "
+                "or lower --max_source_length/--max_target_length."
+            )
+        self.max_tokens, self.num_replicas, self.rank = max_tokens, num_replicas, rank
+        self.shuffle, self.seed, self.max_sentences = shuffle, seed, max_sentences
+        self.epoch = 0
+        self._num_batches = len(self._pack(np.lexsort((self.target_lengths, self.source_lengths))))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle for `epoch` (the Trainer calls this before each epoch)."""
+        self.epoch = epoch
+
+    def _pack(self, order: np.ndarray) -> list[list[int]]:
+        batches, batch, longest = [], [], 0  # longest = max(source, target) length in the open batch
+        for index in order.tolist():
+            length = int(max(self.source_lengths[index], self.target_lengths[index]))
+            full = self.max_sentences is not None and len(batch) >= self.max_sentences
+            # len(batch) · longest <= max_tokens bounds both sides, since longest covers source and target
+            if batch and (full or (len(batch) + 1) * max(longest, length) > self.max_tokens):
+                batches.append(batch)
+                batch, longest = [], 0
+            batch.append(index)
+            longest = max(longest, length)
+        batches.append(batch)
+        return batches
+
+    def global_batches(self) -> list[list[int]]:
+        """All ranks' batches for the current epoch, in order, padded to a multiple of `num_replicas`."""
+        rng = np.random.default_rng([self.seed, self.epoch])
+        tie_break = rng.random(len(self.source_lengths)) if self.shuffle else np.arange(len(self.source_lengths))
+        batches = self._pack(np.lexsort((tie_break, self.target_lengths, self.source_lengths)))
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        remainder = len(batches) % self.num_replicas
+        if remainder:
+            batches += batches[: self.num_replicas - remainder]
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from self.global_batches()[self.rank :: self.num_replicas]
+
+    def __len__(self) -> int:
+        return math.ceil(self._num_batches / self.num_replicas)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The recipe switch and the Trainer
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def explicit_flags(argv: Sequence[str]) -> set[str]:
+    """Names of the `--flags` present on a command line (to let explicit flags win over the recipe)."""
+    return {arg[2:].split("=", 1)[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+
+
+def apply_paper_recipe(
+    training_args: Seq2SeqTrainingArguments, recipe: RecipeArguments, d_model: int, explicit: set[str] = frozenset()
+) -> Seq2SeqTrainingArguments:
+    """Set the paper's values on `training_args` (in place) for every field not in `explicit`; returns it.
+
+    Also fills `recipe.max_tokens` and `recipe.length_penalty`, and with the noam schedule sets `learning_rate` to the
+    schedule's peak (d_model · warmup)^-0.5 unless --learning_rate was given.
+    """
+    if recipe.lr_schedule not in ("noam", "trainer"):
+        raise ValueError(f"--lr_schedule must be 'noam' or 'trainer' (got {recipe.lr_schedule!r}).")
+    if not recipe.paper_recipe:
+        recipe.max_tokens = recipe.max_tokens or None
+        return training_args
+    for name, value in PAPER_TRAINING_DEFAULTS.items():
+        if name not in explicit:
+            setattr(training_args, name, value)
+    if recipe.lr_schedule == "noam" and "learning_rate" not in explicit:
+        training_args.learning_rate = noam_peak_learning_rate(d_model, int(training_args.warmup_steps))
+    if recipe.max_tokens is None:
+        recipe.max_tokens = PAPER_MAX_TOKENS
+    recipe.max_tokens = recipe.max_tokens or None  # 0 switches token batching off
+    if recipe.length_penalty is None:
+        recipe.length_penalty = PAPER_LENGTH_PENALTY
+    return training_args
+
+
+class TranslationTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` plus token-budget batches (distinct per rank) and the paper's learning-rate schedule."""
+
+    def __init__(self, *args, max_tokens: int | None = None, lr_schedule: str = "noam", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_tokens = max_tokens
+        self.lr_schedule = lr_schedule
+
+    def get_train_dataloader(self) -> DataLoader:
+        if not self.max_tokens:
+            return super().get_train_dataloader()
+        dataset = self.train_dataset
+        for column in ("source_length", "target_length"):
+            if column not in dataset.column_names:
+                raise ValueError(f"Token batching needs a {column!r} column; tokenize with data.tokenize_parallel.")
+        sampler = TokenBudgetBatchSampler(
+            dataset["source_length"],
+            dataset["target_length"],
+            max_tokens=self.max_tokens,
+            num_replicas=max(1, self.args.world_size),
+            rank=self.args.process_index,
+            seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
+        )
+        dataset = self._remove_unused_columns(dataset, description="Training")
+        loader = DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
+        )
+        loader = self.accelerator.prepare(loader)
+        # The sampler already gives each rank its own batches; make accelerate's BatchSamplerShard a passthrough so it
+        # does not shard them a second time (the Trainer does the same for its BatchRebalanceSampler).
+        shard = getattr(loader, "batch_sampler", None)
+        if shard is not None and getattr(shard, "batch_sampler", None) is sampler:
+            shard.num_processes, shard.process_index = 1, 0
+        return loader
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        if self.lr_schedule != "noam":
+            return super().create_scheduler(num_training_steps, optimizer)
+        if self.lr_scheduler is None:
+            self.lr_scheduler = get_noam_schedule(optimizer or self.optimizer, int(self.args.warmup_steps))
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
