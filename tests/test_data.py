@@ -6,7 +6,8 @@ import pytest
 from datasets import Dataset, DatasetDict
 from transformers import AutoTokenizer
 
-from tests.conftest import write_mo
+from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
+from tests.training_fixtures import write_mo
 from vanilla_transformer.data import (
     DataArguments,
     clean_pairs,

@@ -3,6 +3,7 @@
 import pytest
 from transformers import AutoTokenizer
 
+from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
 from vanilla_transformer.tokenization import SPECIAL_TOKEN_IDS, check_special_token_ids, train_bpe_tokenizer
 
 TRICKY = [

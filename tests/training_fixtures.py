@@ -1,4 +1,4 @@
-"""Shared fixtures for the training-side tests: a synthetic parallel corpus, a .mo writer, a tiny tokenizer."""
+"""Fixtures for the training-side tests: a synthetic parallel corpus, a .mo writer, a tiny tokenizer."""
 
 from __future__ import annotations
 

@@ -1,0 +1,242 @@
+"""One training run end to end: tokenizer, corpus, model, the paper's recipe on `TranslationTrainer`, evaluation with
+beam search (§6.1), logs and plots. `scripts/train.py` parses the arguments and calls `run_training`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    PreTrainedModel,
+    Seq2SeqTrainingArguments,
+    TrainerCallback,
+)
+from transformers.utils import logging
+
+from .data import DataArguments, load_parallel_data, tokenize_parallel
+from .metrics import build_compute_metrics, decode_ids
+from .tokenization import check_special_token_ids
+from .training import RecipeArguments, TranslationTrainer, apply_paper_recipe
+
+logger = logging.get_logger(__name__)
+
+
+@dataclass
+class ModelArguments:
+    """Which model to train: a preset (paper Table 3 or a reduced one) with overrides, or a saved checkpoint."""
+
+    preset: str = field(default="small", metadata={"help": "Config preset: base, big (Table 3), small or tiny."})
+    config_overrides: str | None = field(
+        default=None,
+        metadata={"help": "Comma-separated config fields to override, e.g. 'dropout=0.3,encoder_layers=4'."},
+    )
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Fine-tune a saved model folder instead of starting from a preset."}
+    )
+    attn_implementation: str | None = field(
+        default=None, metadata={"help": "Attention backend: sdpa (default) or eager."}
+    )
+
+
+def parse_config_overrides(text: str | None) -> dict[str, Any]:
+    """'a=1,b=0.1,c=true,d=relu' -> {'a': 1, 'b': 0.1, 'c': True, 'd': 'relu'} (values read as JSON when possible)."""
+    overrides: dict[str, Any] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        if "=" not in item:
+            raise ValueError(f"Bad --config_overrides item {item!r}: expected name=value, e.g. 'dropout=0.3'.")
+        name, value = (part.strip() for part in item.split("=", 1))
+        try:
+            overrides[name] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[name] = value
+    return overrides
+
+
+def load_tokenizer(data_args: DataArguments, model_args: ModelArguments):
+    """The tokenizer named by --tokenizer_name, else the one saved with --model_name_or_path."""
+    name = data_args.tokenizer_name or model_args.model_name_or_path
+    if not name:
+        raise ValueError(
+            "No tokenizer: pass --tokenizer_name (train one with scripts/train_tokenizer.py) or --model_name_or_path."
+        )
+    if not Path(name).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise ValueError(f"Tokenizer folder {name!r} does not exist (and the Hub is offline).")
+    return AutoTokenizer.from_pretrained(name)
+
+
+def build_model(model_args: ModelArguments, tokenizer) -> PreTrainedModel:
+    """A fresh model from `--preset` (vocabulary and special ids taken from the tokenizer) or a saved checkpoint."""
+    import vanilla_transformer  # noqa: F401  (registers the Auto classes)
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+    extra = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
+    if model_args.model_name_or_path:
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **extra)
+    else:
+        overrides = {
+            "vocab_size": len(tokenizer),
+            "pad_token_id": tokenizer.pad_token_id,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "decoder_start_token_id": tokenizer.bos_token_id,
+            **parse_config_overrides(model_args.config_overrides),
+        }
+        config = VanillaTransformerConfig.from_preset(model_args.preset, **overrides, **extra)
+        model = VanillaTransformerForConditionalGeneration(config)
+    check_special_token_ids(tokenizer, model.config)
+    return model
+
+
+def set_generation_defaults(model: PreTrainedModel, num_beams: int, length_penalty: float, max_length: int) -> None:
+    """Beam size, length penalty and length limit saved with the model (generation_config.json), paper §6.1."""
+    model.generation_config.num_beams = num_beams
+    model.generation_config.length_penalty = length_penalty
+    model.generation_config.max_length = max_length
+    model.generation_config.early_stopping = True
+
+
+class MetricsFileCallback(TrainerCallback):
+    """Appends every log entry to `<output_dir>/metrics.jsonl` and `metrics.csv` (main process only)."""
+
+    def __init__(self, output_dir: str | os.PathLike):
+        self.output_dir = Path(output_dir)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        record = {"step": state.global_step, "epoch": state.epoch, **logs}
+        with (self.output_dir / "metrics.jsonl").open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        path = self.output_dir / "metrics.csv"
+        is_new = not path.exists()
+        with path.open("a", encoding="utf-8", newline="") as handle:
+            writer = csv.writer(handle)
+            if is_new:
+                writer.writerow(["step", "epoch", "name", "value"])
+            for name, value in logs.items():
+                writer.writerow([state.global_step, state.epoch, name, value])
+
+
+class TimeBudgetCallback(TrainerCallback):
+    """Stops training (and saves) once `max_seconds` of wall-clock time have passed since training began."""
+
+    def __init__(self, max_seconds: float):
+        self.max_seconds = max_seconds
+        self.start = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.start is not None and time.monotonic() - self.start > self.max_seconds:
+            logger.warning(f"Time budget of {self.max_seconds:.0f}s reached at step {state.global_step}; stopping.")
+            control.should_training_stop = True
+            control.should_save = True
+
+
+def build_trainer(
+    model: PreTrainedModel,
+    tokenizer,
+    training_args: Seq2SeqTrainingArguments,
+    recipe: RecipeArguments,
+    train_dataset=None,
+    eval_dataset=None,
+    callbacks: list | None = None,
+) -> TranslationTrainer:
+    """`TranslationTrainer` with the seq2seq collator (-100 label padding, decoder inputs from the model) and BLEU."""
+    pad_multiple = 8 if (training_args.fp16 or training_args.bf16) else None
+    collator = DataCollatorForSeq2Seq(
+        tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=pad_multiple
+    )  # model= matters: with label smoothing the Trainer removes labels, so decoder_input_ids must be in the batch
+    compute_metrics = build_compute_metrics(tokenizer) if training_args.predict_with_generate else None
+    return TranslationTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        data_collator=collator,
+        compute_metrics=compute_metrics,
+        callbacks=[MetricsFileCallback(training_args.output_dir), *(callbacks or [])],
+        max_tokens=recipe.max_tokens,
+        lr_schedule=recipe.lr_schedule,
+    )
+
+
+def run_training(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: Seq2SeqTrainingArguments,
+    recipe: RecipeArguments,
+    explicit: set[str] = frozenset(),
+    time_budget_s: float | None = None,
+    plot: bool = True,
+) -> dict[str, Any]:
+    """Train (unless --do_train is off), evaluate on the test split with beam search, save everything.
+
+    Returns the final metrics (test_bleu, test_chrf, ...) that are also written to `<output_dir>/all_results.json`.
+    """
+    tokenizer = load_tokenizer(data_args, model_args)
+    raw = load_parallel_data(data_args)
+    tokenized = {}
+    for split, part in raw.items():
+        tokenized[split], _ = tokenize_parallel(
+            part, tokenizer, data_args.max_source_length, data_args.max_target_length,
+            num_proc=data_args.preprocessing_num_workers,
+        )  # fmt: skip
+    model = build_model(model_args, tokenizer)
+    if not recipe.paper_recipe and "lr_schedule" not in explicit:
+        recipe.lr_schedule = "trainer"
+    apply_paper_recipe(training_args, recipe, model.config.d_model, explicit)
+    num_beams = training_args.generation_num_beams or 1
+    training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length
+    set_generation_defaults(
+        model, num_beams, recipe.length_penalty if recipe.length_penalty is not None else 1.0,
+        training_args.generation_max_length,
+    )  # fmt: skip
+    callbacks = [TimeBudgetCallback(time_budget_s)] if time_budget_s else []
+    trainer = build_trainer(
+        model, tokenizer, training_args, recipe, tokenized.get("train"), tokenized.get("validation"), callbacks
+    )
+    results: dict[str, Any] = {"parameters": sum(p.numel() for p in model.parameters())}
+    if training_args.do_train:
+        started = time.monotonic()
+        train_output = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        results.update(train_output.metrics, train_wall_s=round(time.monotonic() - started, 1))
+        trainer.save_model()  # model, tokenizer, generation config
+    test = tokenized.get("test") or tokenized.get("validation")
+    if test is not None and training_args.predict_with_generate:
+        prediction = trainer.predict(test, metric_key_prefix="test")
+        results.update(prediction.metrics)
+        if trainer.is_world_process_zero():
+            hypotheses = decode_ids(prediction.predictions, tokenizer)
+            Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
+            (Path(training_args.output_dir) / "test_predictions.txt").write_text("\n".join(hypotheses) + "\n")
+    if trainer.is_world_process_zero():
+        trainer.save_metrics("all", results, combined=False)
+        if plot:
+            _plot_run(trainer, tokenizer, raw, training_args.output_dir)
+    return results
+
+
+def _plot_run(trainer: TranslationTrainer, tokenizer, raw, output_dir: str) -> None:
+    """Loss/BLEU curves and one example's cross-attention heatmap, next to the model."""
+    from .plotting import plot_cross_attention, plot_training_curves
+
+    plot_training_curves(trainer.state.log_history, Path(output_dir) / "training_curves.png")
+    split = raw["test"] if "test" in raw else raw["train"]
+    source = min(split["source"][:50], key=lambda s: abs(len(s) - 40))  # a readable, medium-length example
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    plot_cross_attention(model, tokenizer, source, Path(output_dir) / "cross_attention.png")
