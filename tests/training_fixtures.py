@@ -86,3 +86,29 @@ def toy_data_dir(tmp_path_factory, toy_pairs) -> Path:
         lines = ["en\tde"] + [f"{en}\t{de}" for en, de in pairs]
         (path / f"{name}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+TINY_OVERRIDES = {  # deliberately unequal sizes so a swapped axis fails loudly
+    "d_model": 32,
+    "encoder_layers": 2,
+    "decoder_layers": 3,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 48,
+    "decoder_ffn_dim": 40,
+    "dropout": 0.0,
+}
+TINY_OVERRIDES_ARG = ",".join(f"{name}={value}" for name, value in TINY_OVERRIDES.items())
+
+
+def tiny_model(tokenizer, seed: int = 0):
+    import torch
+
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=len(tokenizer), **TINY_OVERRIDES)
+    return VanillaTransformerForConditionalGeneration(config)
+
+
+__all__ = ["toy_pairs", "toy_tokenizer_dir", "toy_data_dir"]

@@ -1,0 +1,188 @@
+"""The paper's recipe: schedule against the closed form, token-budget batches, a short Trainer run, resume."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainingArguments
+
+from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
+from tests.training_fixtures import tiny_model
+from vanilla_transformer.data import DataArguments, load_parallel_data, tokenize_parallel
+from vanilla_transformer.experiment import build_trainer
+from vanilla_transformer.training import (
+    RecipeArguments,
+    TokenBudgetBatchSampler,
+    apply_paper_recipe,
+    explicit_flags,
+    get_noam_schedule,
+    noam_learning_rate,
+    noam_peak_learning_rate,
+)
+
+
+def paper_formula(step, d_model, warmup):  # the oracle: Eq. (3) written out independently
+    return d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+# ---------------------------------------------------------------- schedule
+
+
+@pytest.mark.parametrize(("d_model", "warmup"), [(512, 4000), (1024, 4000), (64, 10)])
+def test_noam_scheduler_follows_the_formula(d_model, warmup):
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.Adam([parameter], lr=noam_peak_learning_rate(d_model, warmup))
+    scheduler = get_noam_schedule(optimizer, warmup)
+    checkpoints = {1, 2, warmup // 2, warmup - 1, warmup, warmup + 1, 3 * warmup, 10 * warmup}
+    for update in range(1, 10 * warmup + 1):
+        lr_used = optimizer.param_groups[0]["lr"]  # the rate this update is made with
+        if update in checkpoints:
+            assert lr_used == pytest.approx(paper_formula(update, d_model, warmup), rel=1e-9)
+            assert noam_learning_rate(update, d_model, warmup) == pytest.approx(paper_formula(update, d_model, warmup))
+        optimizer.step()
+        scheduler.step()
+
+
+def test_noam_peak_matches_the_paper_numbers():
+    assert noam_peak_learning_rate(512) == pytest.approx(6.988e-4, rel=1e-3)  # base, step 4000
+    assert noam_peak_learning_rate(1024) == pytest.approx(4.941e-4, rel=1e-3)  # big
+    assert noam_learning_rate(4000, 512) == max(noam_learning_rate(s, 512) for s in range(1, 20000))
+    with pytest.raises(ValueError, match="must be >= 1"):
+        noam_learning_rate(0, 512)
+
+
+def test_recipe_switch_sets_paper_values_and_explicit_flags_win(tmp_path):
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), adam_beta2=0.999, use_cpu=True)
+    recipe = RecipeArguments()
+    apply_paper_recipe(args, recipe, d_model=512, explicit=explicit_flags(["--adam_beta2=0.997", "--max_tokens", "9"]))
+    assert (args.adam_beta1, args.adam_beta2, args.adam_epsilon) == (0.9, 0.999, 1e-9)
+    assert (args.warmup_steps, args.label_smoothing_factor, args.weight_decay) == (4000, 0.1, 0.0)
+    assert args.learning_rate == pytest.approx(512**-0.5 * 4000**-0.5)
+    assert args.generation_num_beams == 4 and recipe.length_penalty == 0.6 and recipe.max_tokens == 4096
+    off = Seq2SeqTrainingArguments(output_dir=str(tmp_path), use_cpu=True)
+    apply_paper_recipe(off, RecipeArguments(paper_recipe=False), d_model=512)
+    assert off.adam_beta2 == 0.999 and off.label_smoothing_factor == 0.0
+    with pytest.raises(ValueError, match="--lr_schedule must be"):
+        apply_paper_recipe(off, RecipeArguments(lr_schedule="cosine"), d_model=512)
+
+
+# ---------------------------------------------------------------- token-budget batches
+
+
+def _lengths(count=500, seed=0):
+    rng = np.random.default_rng(seed)
+    source = rng.integers(2, 60, count)
+    target = np.clip(source + rng.integers(-10, 11, count), 2, 70)
+    return source, target
+
+
+def test_token_batches_respect_the_budget_and_cover_the_data():
+    source, target = _lengths()
+    sampler = TokenBudgetBatchSampler(source, target, max_tokens=300, seed=3)
+    batches = list(sampler)
+    assert len(batches) == len(sampler)
+    for batch in batches:
+        assert len(batch) * source[batch].max() <= 300 and len(batch) * target[batch].max() <= 300
+    assert sorted(i for batch in batches for i in batch) == list(range(len(source)))  # each pair exactly once
+    # grouped by length: padding is a small share of the tokens
+    padded = sum(len(b) * source[b].max() for b in batches)
+    assert source.sum() / padded > 0.85
+    assert np.mean([len(b) for b in batches]) > 4  # and batches are not trivially small
+
+
+def test_token_batches_differ_across_ranks_and_epochs():
+    source, target = _lengths()
+    single = TokenBudgetBatchSampler(source, target, max_tokens=300, seed=5)
+    ranks = [TokenBudgetBatchSampler(source, target, max_tokens=300, num_replicas=2, rank=r, seed=5) for r in (0, 1)]
+    batches = [list(sampler) for sampler in ranks]
+    assert len(batches[0]) == len(batches[1]) == len(ranks[0])  # same number of steps on every rank
+    seen = [{i for batch in rank_batches for i in batch} for rank_batches in batches]
+    overlap = seen[0] & seen[1]
+    assert len(overlap) <= max(len(b) for b in single.global_batches())  # only the wrap-around padding batch
+    assert seen[0] | seen[1] == set(range(len(source)))
+    first_epoch = list(ranks[0])
+    for sampler in ranks:
+        sampler.set_epoch(1)
+    assert list(ranks[0]) != first_epoch  # reshuffled each epoch
+    ranks[0].set_epoch(0)
+    assert list(ranks[0]) == first_epoch  # deterministic for a given seed and epoch
+
+
+def test_token_sampler_bad_input():
+    with pytest.raises(ValueError, match="smaller than the longest sequence"):
+        TokenBudgetBatchSampler([5, 50], [5, 5], max_tokens=20)
+    with pytest.raises(ValueError, match="rank must be in"):
+        TokenBudgetBatchSampler([5], [5], max_tokens=20, num_replicas=2, rank=2)
+    with pytest.raises(ValueError, match="empty dataset"):
+        TokenBudgetBatchSampler([], [], max_tokens=20)
+
+
+# ---------------------------------------------------------------- a short run with the Trainer
+
+
+def _datasets(toy_data_dir, tokenizer):
+    args = DataArguments(train_file=str(toy_data_dir / "train.tsv"), validation_file=str(toy_data_dir / "valid.tsv"))
+    raw = load_parallel_data(args)
+    return {split: tokenize_parallel(part, tokenizer, 64, 64)[0] for split, part in raw.items()}
+
+
+def _training_args(output_dir, max_steps, **extra):
+    return Seq2SeqTrainingArguments(
+        output_dir=str(output_dir), max_steps=max_steps, save_steps=10, logging_steps=5, report_to="none",
+        use_cpu=True, seed=0, disable_tqdm=True, **extra,
+    )  # fmt: skip
+
+
+def _recipe(args, model):
+    recipe = RecipeArguments(max_tokens=256)
+    apply_paper_recipe(args, recipe, model.config.d_model, explicit={"warmup_steps", "learning_rate"})
+    return recipe
+
+
+@torch.no_grad()
+def _mean_loss(model, trainer, dataset):
+    model.eval()
+    batch = trainer.data_collator([{k: dataset[i][k] for k in ("input_ids", "attention_mask", "labels")}
+                                   for i in range(64)])  # fmt: skip
+    return model(**batch).loss.item()
+
+
+def test_twenty_steps_lower_the_loss_and_the_checkpoint_reloads(tmp_path, toy_data_dir, toy_tokenizer_dir):
+    tokenizer = AutoTokenizer.from_pretrained(toy_tokenizer_dir)
+    data = _datasets(toy_data_dir, tokenizer)
+    model = tiny_model(tokenizer)
+    args = _training_args(tmp_path, 20, warmup_steps=5, learning_rate=3e-3)
+    trainer = build_trainer(model, tokenizer, args, _recipe(args, model), data["train"], data["validation"])
+    assert args.adam_beta2 == 0.98 and args.label_smoothing_factor == 0.1  # the recipe is in force
+    before = _mean_loss(model, trainer, data["train"])
+    trainer.train()
+    after = _mean_loss(model, trainer, data["train"])
+    assert after < 0.75 * before, (before, after)
+    # the logged learning rates follow the schedule (peak scale 3e-3 at step 5)
+    logged = {entry["step"]: entry["learning_rate"] for entry in trainer.state.log_history if "learning_rate" in entry}
+    assert sorted(logged) == [5, 10, 15, 20]
+    for step, lr in logged.items():  # the rate update number `step` was made with
+        assert lr == pytest.approx(3e-3 * math.sqrt(5) * min(step**-0.5, step * 5**-1.5), rel=1e-6)
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "checkpoint-20")
+    batch = trainer.data_collator([data["validation"][i] for i in range(4)])
+    batch = {k: batch[k] for k in ("input_ids", "attention_mask", "decoder_input_ids")}
+    model.eval()
+    torch.testing.assert_close(reloaded(**batch).logits, model(**batch).logits, rtol=0, atol=1e-6)
+
+
+def test_resume_from_checkpoint_continues_the_same_run(tmp_path, toy_data_dir, toy_tokenizer_dir):
+    tokenizer = AutoTokenizer.from_pretrained(toy_tokenizer_dir)
+    data = _datasets(toy_data_dir, tokenizer)
+    final = {}
+    for name in ("straight", "resumed"):
+        model = tiny_model(tokenizer)
+        args = _training_args(tmp_path / name, 20, warmup_steps=5, learning_rate=3e-3, gradient_accumulation_steps=2)
+        trainer = build_trainer(model, tokenizer, args, _recipe(args, model), data["train"])
+        if name == "resumed":
+            trainer.train(resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-10"))
+        else:
+            trainer.train()
+        final[name] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    for key, value in final["straight"].items():
+        torch.testing.assert_close(final["resumed"][key], value, rtol=1e-5, atol=1e-6, msg=key)
