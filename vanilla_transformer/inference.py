@@ -1,0 +1,68 @@
+"""Batched beam-search translation (paper §6.1: beam 4, length penalty 0.6) and test-set scoring."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel
+from transformers.utils import logging
+
+from .metrics import corpus_scores
+
+logger = logging.get_logger(__name__)
+
+
+def load_translation_model(path: str | os.PathLike, device: str | None = None) -> tuple[PreTrainedModel, object]:
+    """Model and tokenizer from a folder written by scripts/train.py (or scripts/average_checkpoints.py)."""
+    import vanilla_transformer  # noqa: F401  (registers the Auto classes)
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"Model folder not found: {path}. Pass the --output_dir of a training run.")
+    model = AutoModelForSeq2SeqLM.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return model.to(device).eval(), tokenizer
+
+
+@torch.no_grad()
+def translate(
+    model: PreTrainedModel,
+    tokenizer,
+    sentences: Sequence[str],
+    batch_size: int = 32,
+    num_beams: int | None = None,
+    length_penalty: float | None = None,
+    max_length: int | None = None,
+    show_progress: bool = True,
+) -> list[str]:
+    """Translate `sentences` in batches (sorted by length to limit padding; returned in the input order).
+
+    Beam size, length penalty and maximum length default to the model's `generation_config`.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 (got {batch_size}).")
+    model.eval()
+    device = next(model.parameters()).device
+    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
+    kwargs = {"num_beams": num_beams, "length_penalty": length_penalty, "max_length": max_length}
+    kwargs = {name: value for name, value in kwargs.items() if value is not None}
+    results: list[str] = [""] * len(sentences)
+    starts = range(0, len(order), batch_size)
+    for start in tqdm(starts, desc="Translating", unit="batch", disable=not show_progress or len(starts) < 2):
+        indices = order[start : start + batch_size]
+        encoded = tokenizer([sentences[i] for i in indices], return_tensors="pt", padding=True).to(device)
+        generated = model.generate(**encoded, **kwargs)
+        for index, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
+            results[index] = text.strip()
+    return results
+
+
+def evaluate_translations(
+    model: PreTrainedModel, tokenizer, sources: Sequence[str], references: Sequence[str], **translate_kwargs
+) -> tuple[dict[str, float], list[str]]:
+    """sacreBLEU and chrF of the model's translations of `sources`, and the translations."""
+    hypotheses = translate(model, tokenizer, sources, **translate_kwargs)
+    return corpus_scores(hypotheses, references), hypotheses
