@@ -1,0 +1,78 @@
+"""Each script's --help, and one tiny end-to-end run: tokenizer → train → evaluate → translate → average."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForSeq2SeqLM
+
+from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
+from tests.training_fixtures import TINY_OVERRIDES_ARG
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+NAMES = ["train_tokenizer", "train", "evaluate", "translate", "average_checkpoints"]
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(f"script_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_help(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_script(name).main(["--help"])
+    assert exit_info.value.code == 0
+    assert "usage" in capsys.readouterr().out
+
+
+def test_end_to_end(tmp_path, toy_data_dir, capsys):
+    files = [f"--{kind}_file={toy_data_dir / name}.tsv" for kind, name in
+             (("train", "train"), ("validation", "valid"), ("test", "test"))]  # fmt: skip
+    tokenizer_dir = tmp_path / "tokenizer"
+    load_script("train_tokenizer").main(["--train_file", str(toy_data_dir / "train.tsv"), "--vocab_size", "400",
+                                          "--output_dir", str(tokenizer_dir)])  # fmt: skip
+    run = tmp_path / "run"
+    results = load_script("train").main([
+        *files, "--tokenizer_name", str(tokenizer_dir), "--preset", "tiny", "--config_overrides", TINY_OVERRIDES_ARG,
+        "--output_dir", str(run), "--do_train", "--predict_with_generate", "--max_steps", "12", "--save_steps", "6",
+        "--warmup_steps", "4", "--learning_rate", "3e-3", "--max_tokens", "256", "--logging_steps", "3",
+        "--eval_strategy", "steps", "--eval_steps", "6", "--max_eval_samples", "8", "--report_to", "none",
+        "--use_cpu", "--disable_tqdm", "true",
+    ])  # fmt: skip
+    assert {"test_bleu", "test_chrf", "train_loss"} <= set(results)
+    expected = ["model.safetensors", "tokenizer.json", "generation_config.json", "metrics.jsonl", "metrics.csv",
+                "all_results.json", "training_curves.png", "cross_attention.png", "test_predictions.txt"]  # fmt: skip
+    for name in expected:
+        assert (run / name).is_file(), name
+    generation = json.loads((run / "generation_config.json").read_text())
+    assert generation["num_beams"] == 4 and generation["length_penalty"] == 0.6  # paper §6.1 defaults saved
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any("eval_bleu" in entry for entry in logged) and any("loss" in entry for entry in logged)
+    capsys.readouterr()
+
+    scores = load_script("evaluate").main(["--model", str(run), "--test_file", str(toy_data_dir / "test.tsv"),
+                                            "--max_samples", "5", "--num_beams", "2"])  # fmt: skip
+    assert scores["pairs"] == 5 and 0 <= scores["bleu"] <= 100
+    (tmp_path / "in.txt").write_text("the red house.\nthe key is missing now.\n")
+    translations = load_script("translate").main(["--model", str(run), "--input_file", str(tmp_path / "in.txt"),
+                                                  "--output_file", str(tmp_path / "out.txt")])  # fmt: skip
+    assert len(translations) == 2 and (tmp_path / "out.txt").read_text().count("\n") == 2
+    averaged = load_script("average_checkpoints").main(["--run_dir", str(run), "--num_checkpoints", "2",
+                                                        "--output_dir", str(tmp_path / "avg")])  # fmt: skip
+    assert AutoModelForSeq2SeqLM.from_pretrained(averaged).config.d_model == 32
+
+
+def test_missing_tokenizer_and_input_are_clear_errors(tmp_path, toy_data_dir, capsys):
+    with pytest.raises(ValueError, match="No tokenizer: pass --tokenizer_name"):
+        load_script("train").main(["--train_file", str(toy_data_dir / "train.tsv"), "--output_dir", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        load_script("translate").main(["--model", str(tmp_path), "--input_file", str(tmp_path / "none.txt")])
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="Model folder not found"):
+        load_script("evaluate").main(
+            ["--model", str(tmp_path / "nope"), "--test_file", str(toy_data_dir / "test.tsv")]
+        )
