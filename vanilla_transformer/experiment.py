@@ -101,9 +101,10 @@ def build_model(model_args: ModelArguments, tokenizer) -> PreTrainedModel:
 def set_generation_defaults(model: PreTrainedModel, num_beams: int, length_penalty: float, max_length: int) -> None:
     """Beam size, length penalty and length limit saved with the model (generation_config.json), paper §6.1."""
     model.generation_config.num_beams = num_beams
-    model.generation_config.length_penalty = length_penalty
     model.generation_config.max_length = max_length
-    model.generation_config.early_stopping = True
+    if num_beams > 1:  # beam-only settings; transformers refuses to save them with greedy decoding
+        model.generation_config.length_penalty = length_penalty
+        model.generation_config.early_stopping = True
 
 
 class MetricsFileCallback(TrainerCallback):
@@ -232,11 +233,15 @@ def run_training(
 
 
 def _plot_run(trainer: TranslationTrainer, tokenizer, raw, output_dir: str) -> None:
-    """Loss/BLEU curves and one example's cross-attention heatmap, next to the model."""
+    """Loss/BLEU curves and one example's cross-attention heatmap, next to the model (main process only)."""
     from .plotting import plot_cross_attention, plot_training_curves
 
     plot_training_curves(trainer.state.log_history, Path(output_dir) / "training_curves.png")
     split = raw["test"] if "test" in raw else raw["train"]
     source = min(split["source"][:50], key=lambda s: abs(len(s) - 40))  # a readable, medium-length example
-    model = trainer.accelerator.unwrap_model(trainer.model)
+    if (Path(output_dir) / "model.safetensors").is_file():
+        # Reload the saved model: under FSDP/DeepSpeed the trained one is sharded and only this rank draws.
+        model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
+    else:
+        model = trainer.accelerator.unwrap_model(trainer.model)
     plot_cross_attention(model, tokenizer, source, Path(output_dir) / "cross_attention.png")
