@@ -1,5 +1,6 @@
 """Shared fixtures: tiny models with deliberately unequal sizes, so that a swapped axis fails loudly."""
 
+import math
 import os
 
 import pytest
@@ -44,6 +45,16 @@ def padded_batch(seed: int = 1, batch: int = 3, src_len: int = 9, vocab: int = 3
         ids[row, length:] = 0
         mask[row, length:] = 0
     return ids, mask
+
+
+def closed_form_pe(length: int, d_model: int) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), written out element by element (§3.5)."""
+    pe = torch.zeros(length, d_model)
+    for pos in range(length):
+        for j in range(d_model):
+            angle = pos / 10000 ** (2 * (j // 2) / d_model)
+            pe[pos, j] = math.sin(angle) if j % 2 == 0 else math.cos(angle)
+    return pe
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import torch
 
 from vanilla_transformer import SinusoidalPositionalEncoding, sinusoidal_positional_encoding
 
-from .conftest import make_model
+from .conftest import closed_form_pe, make_model
 
 
 @pytest.mark.parametrize("pos, i", [(0, 0), (1, 0), (3, 2), (17, 5), (250, 7), (5000, 1)])
@@ -42,8 +42,5 @@ def test_stack_input_is_scaled_embedding_plus_pe_beyond_max_positions():
     model.model.encoder(input_ids=ids)
     d_model = model.config.d_model
     expected = model.model.shared.weight[ids] * math.sqrt(d_model)
-    expected = expected + torch.tensor(
-        [[math.sin(p / 10000 ** (2 * (j // 2) / d_model)) if j % 2 == 0 else math.cos(p / 10000 ** (2 * (j // 2) / d_model))
-          for j in range(d_model)] for p in range(20)]
-    )  # fmt: skip
+    expected = expected + closed_form_pe(20, d_model)
     torch.testing.assert_close(seen["x"], expected, atol=1e-4, rtol=1e-5)

@@ -28,8 +28,9 @@ def torch_encoder_layer(ours: EncoderLayer, config) -> nn.TransformerEncoderLaye
     ).eval()  # fmt: skip
     with torch.no_grad():
         copy_attention(theirs.self_attn, ours.self_attn)
-        for dst, src in [(theirs.linear1, ours.fc1), (theirs.linear2, ours.fc2), (theirs.norm1, ours.self_attn_layer_norm),
-                         (theirs.norm2, ours.final_layer_norm)]:  # fmt: skip
+        pairs = [(theirs.linear1, ours.fc1), (theirs.linear2, ours.fc2)]
+        pairs += [(theirs.norm1, ours.self_attn_layer_norm), (theirs.norm2, ours.final_layer_norm)]
+        for dst, src in pairs:
             copy_linear_and_norm(dst, src)
     return theirs
 
@@ -42,8 +43,9 @@ def torch_decoder_layer(ours: DecoderLayer, config) -> nn.TransformerDecoderLaye
     with torch.no_grad():
         copy_attention(theirs.self_attn, ours.self_attn)
         copy_attention(theirs.multihead_attn, ours.encoder_attn)
-        for dst, src in [(theirs.linear1, ours.fc1), (theirs.linear2, ours.fc2), (theirs.norm1, ours.self_attn_layer_norm),
-                         (theirs.norm2, ours.encoder_attn_layer_norm), (theirs.norm3, ours.final_layer_norm)]:  # fmt: skip
+        pairs = [(theirs.linear1, ours.fc1), (theirs.linear2, ours.fc2), (theirs.norm1, ours.self_attn_layer_norm)]
+        pairs += [(theirs.norm2, ours.encoder_attn_layer_norm), (theirs.norm3, ours.final_layer_norm)]
+        for dst, src in pairs:
             copy_linear_and_norm(dst, src)
     return theirs
 

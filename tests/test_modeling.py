@@ -13,17 +13,8 @@ from vanilla_transformer import (
     shift_tokens_right,
 )
 
-from .conftest import make_model, padded_batch
+from .conftest import closed_form_pe, make_model, padded_batch
 from .test_layers import randomize_norms, torch_decoder_layer, torch_encoder_layer
-
-
-def closed_form_pe(length: int, d_model: int) -> torch.Tensor:
-    pe = torch.zeros(length, d_model)
-    for pos in range(length):
-        for j in range(d_model):
-            angle = pos / 10000 ** (2 * (j // 2) / d_model)
-            pe[pos, j] = math.sin(angle) if j % 2 == 0 else math.cos(angle)
-    return pe
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
@@ -66,13 +57,20 @@ def test_state_dict_names_and_shared_matrix_saved_once(tmp_path):
     model = make_model()
     names = set(model.state_dict())
     for name in [
-        "model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight",
-        "model.encoder.layers.1.self_attn.q_proj.weight", "model.encoder.layers.0.self_attn.out_proj.bias",
-        "model.decoder.layers.2.self_attn.k_proj.weight", "model.decoder.layers.2.encoder_attn.v_proj.weight",
-        "model.decoder.layers.0.encoder_attn_layer_norm.weight", "model.encoder.layers.0.self_attn_layer_norm.bias",
-        "model.decoder.layers.1.final_layer_norm.weight", "model.encoder.layers.1.fc1.weight",
+        "model.shared.weight",
+        "model.encoder.embed_tokens.weight",
+        "model.decoder.embed_tokens.weight",
+        "lm_head.weight",
+        "model.encoder.layers.1.self_attn.q_proj.weight",
+        "model.encoder.layers.0.self_attn.out_proj.bias",
+        "model.decoder.layers.2.self_attn.k_proj.weight",
+        "model.decoder.layers.2.encoder_attn.v_proj.weight",
+        "model.decoder.layers.0.encoder_attn_layer_norm.weight",
+        "model.encoder.layers.0.self_attn_layer_norm.bias",
+        "model.decoder.layers.1.final_layer_norm.weight",
+        "model.encoder.layers.1.fc1.weight",
         "model.decoder.layers.0.fc2.bias",
-    ]:  # fmt: skip
+    ]:
         assert name in names, name
     assert not any("embed_positions" in n for n in names)  # the sinusoid has no parameters or buffers
     shared = model.model.shared.weight
