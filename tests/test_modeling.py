@@ -227,3 +227,29 @@ class TestBadInput:
     def test_neither_labels_nor_decoder_inputs(self):
         with pytest.raises(ValueError, match="pass `decoder_input_ids`.*or `labels`"):
             make_model()(input_ids=torch.ones(2, 5, dtype=torch.long))
+
+
+def test_sdpa_is_the_default_and_matches_eager():
+    model = make_model(seed=14)
+    assert model.config._attn_implementation == "sdpa"
+    src, mask = padded_batch()
+    tgt = torch.randint(4, 37, (3, 5))
+    with torch.no_grad():
+        sdpa = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        model.set_attn_implementation("eager")
+        eager = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(sdpa, eager, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_flex_attention_matches_eager():
+    """flex_attention compiles its kernel (about a minute on 2 CPU cores)."""
+    model = make_model(seed=14)
+    src, mask = padded_batch()
+    tgt = torch.randint(4, 37, (3, 5))
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        eager = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        model.set_attn_implementation("flex_attention")
+        flex = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(flex, eager, atol=1e-4, rtol=1e-4)
