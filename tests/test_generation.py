@@ -173,3 +173,17 @@ def test_torch_compile_inductor_matches_eager():
         expected = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
         got = compiled(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_decoder_mask_over_new_tokens_only_keeps_the_cache_visible():
+    model = make_model(seed=12)
+    src, mask = padded_batch()
+    tgt = torch.randint(4, 37, (3, 5))
+    with torch.no_grad():
+        first = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt[:, :3], use_cache=True)
+        short = model(
+            input_ids=src, attention_mask=mask, decoder_input_ids=tgt[:, 3:], cache=first.cache,
+            decoder_attention_mask=torch.ones(3, 2, dtype=torch.long),
+        )  # fmt: skip
+        expected = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits[:, 3:]
+    torch.testing.assert_close(short.logits, expected, atol=1e-5, rtol=1e-5)
