@@ -54,9 +54,10 @@ def test_load_parallel_data_from_files(toy_data_dir):
         validation_file=str(toy_data_dir / "valid.tsv"),
         test_file=str(toy_data_dir / "test.tsv"),
         max_train_samples=100,
+        max_predict_samples=7,
     )
     dataset = load_parallel_data(args)
-    assert {split: len(part) for split, part in dataset.items()} == {"train": 100, "validation": 40, "test": 40}
+    assert {split: len(part) for split, part in dataset.items()} == {"train": 100, "validation": 40, "test": 7}
 
 
 def test_missing_file_is_named(tmp_path):

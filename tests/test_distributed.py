@@ -24,7 +24,8 @@ def test_two_process_launch(tmp_path, toy_data_dir, toy_tokenizer_dir):
         "--tokenizer_name", str(toy_tokenizer_dir), "--preset", "tiny", "--config_overrides", TINY_OVERRIDES_ARG,
         "--output_dir", str(run), "--do_train", "--max_steps", "6", "--save_steps", "6", "--warmup_steps", "2",
         "--learning_rate", "3e-3", "--max_tokens", "256", "--logging_steps", "2", "--report_to", "none",
-        "--use_cpu", "--disable_tqdm", "true", "--predict_with_generate", "--max_eval_samples", "8",
+        "--use_cpu", "--disable_tqdm", "true", "--predict_with_generate",
+        "--max_eval_samples", "8", "--max_predict_samples", "8",
         "--generation_num_beams", "1",
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

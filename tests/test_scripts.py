@@ -40,7 +40,8 @@ def test_end_to_end(tmp_path, toy_data_dir, capsys):
         *files, "--tokenizer_name", str(tokenizer_dir), "--preset", "tiny", "--config_overrides", TINY_OVERRIDES_ARG,
         "--output_dir", str(run), "--do_train", "--predict_with_generate", "--max_steps", "12", "--save_steps", "6",
         "--warmup_steps", "4", "--learning_rate", "3e-3", "--max_tokens", "256", "--logging_steps", "3",
-        "--eval_strategy", "steps", "--eval_steps", "6", "--max_eval_samples", "8", "--report_to", "none",
+        "--eval_strategy", "steps", "--eval_steps", "6",
+        "--max_eval_samples", "8", "--max_predict_samples", "8", "--report_to", "none",
         "--use_cpu", "--disable_tqdm", "true",
     ])  # fmt: skip
     assert {"test_bleu", "test_chrf", "train_loss"} <= set(results)

@@ -60,7 +60,8 @@ class DataArguments:
     max_source_length: int = field(default=128, metadata={"help": "Pairs with a longer source are dropped."})
     max_target_length: int = field(default=128, metadata={"help": "Pairs with a longer target are dropped."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training pairs."})
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N eval/test pairs."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N validation pairs."})
+    max_predict_samples: int | None = field(default=None, metadata={"help": "Keep only the first N test pairs."})
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for datasets.map."})
 
 
@@ -354,10 +355,9 @@ def load_parallel_data(args: DataArguments) -> DatasetDict:
         dataset = gettext_corpus(args.target_lang, args.gettext_locale_dir, min_pairs=args.gettext_min_pairs)
     if args.max_train_samples is not None:
         dataset["train"] = dataset["train"].select(range(min(args.max_train_samples, len(dataset["train"]))))
-    if args.max_eval_samples is not None:
-        for split in ("validation", "test"):
-            if split in dataset:
-                dataset[split] = dataset[split].select(range(min(args.max_eval_samples, len(dataset[split]))))
+    for split, limit in (("validation", args.max_eval_samples), ("test", args.max_predict_samples)):
+        if limit is not None and split in dataset:
+            dataset[split] = dataset[split].select(range(min(limit, len(dataset[split]))))
     return dataset
 
 
