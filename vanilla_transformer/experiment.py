@@ -131,20 +131,43 @@ class MetricsFileCallback(TrainerCallback):
 
 
 class TimeBudgetCallback(TrainerCallback):
-    """Stops training (and saves) once `max_seconds` of wall-clock time have passed since training began."""
+    """Stops training (and saves) once `max_seconds` of wall-clock time have passed since training began; shows a
+    progress bar over the budget (elapsed seconds, step, last loss) on the main process."""
 
-    def __init__(self, max_seconds: float):
+    def __init__(self, max_seconds: float, show_progress: bool = True):
         self.max_seconds = max_seconds
+        self.show_progress = show_progress
         self.start = None
+        self.bar = None
+        self.last_loss = float("nan")
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = time.monotonic()
+        if self.show_progress and state.is_world_process_zero:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=round(self.max_seconds), unit="s", desc="Training within the time budget")
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.last_loss = logs["loss"]
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.start is not None and time.monotonic() - self.start > self.max_seconds:
+        if self.start is None:
+            return
+        elapsed = time.monotonic() - self.start
+        if self.bar is not None:
+            self.bar.update(min(round(elapsed), self.bar.total) - self.bar.n)
+            self.bar.set_postfix(step=state.global_step, loss=f"{self.last_loss:.3f}", refresh=False)
+        if elapsed > self.max_seconds:
             logger.warning(f"Time budget of {self.max_seconds:.0f}s reached at step {state.global_step}; stopping.")
             control.should_training_stop = True
             control.should_save = True
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 def build_trainer(
@@ -193,16 +216,16 @@ def run_training(
     raw = load_parallel_data(data_args)
     tokenized = {}
     for split, part in raw.items():
-        tokenized[split], _ = tokenize_parallel(
-            part, tokenizer, data_args.max_source_length, data_args.max_target_length,
-            num_proc=data_args.preprocessing_num_workers,
-        )  # fmt: skip
+        # Only training pairs are filtered by length; validation and test are scored complete, as in the paper.
+        limits = (data_args.max_source_length, data_args.max_target_length) if split == "train" else (10**9, 10**9)
+        tokenized[split], _ = tokenize_parallel(part, tokenizer, *limits, num_proc=data_args.preprocessing_num_workers)
     model = build_model(model_args, tokenizer)
     if not recipe.paper_recipe and "lr_schedule" not in explicit:
         recipe.lr_schedule = "trainer"
     apply_paper_recipe(training_args, recipe, model.config.d_model, explicit)
     num_beams = training_args.generation_num_beams or 1
-    training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length
+    # Paper §6.1: outputs may be up to the input length + 50; one ceiling for the batch here.
+    training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length + 50
     set_generation_defaults(
         model, num_beams, recipe.length_penalty if recipe.length_penalty is not None else 1.0,
         training_args.generation_max_length,

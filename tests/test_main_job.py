@@ -1,0 +1,39 @@
+"""The main job end to end on a tiny compiled catalog: corpus, tokenizer, model, BLEU/chrF, examples, summary."""
+
+import json
+
+import pytest
+from transformers import AutoModelForSeq2SeqLM
+
+from tests.training_fixtures import TINY_OVERRIDES_ARG, make_pairs, write_mo
+from vanilla_transformer.main_job import MainJobArguments, run_main_job
+
+
+def test_main_job_on_a_tiny_catalog(tmp_path):
+    pairs = make_pairs(300, seed=1)
+    write_mo(tmp_path / "locale" / "de" / "LC_MESSAGES" / "toy.mo", dict(pairs))
+    args = MainJobArguments(
+        output_dir=str(tmp_path / "job"), locale_dir=str(tmp_path / "locale"), min_pairs=100, vocab_size=400,
+        preset="tiny", config_overrides=TINY_OVERRIDES_ARG, max_tokens=256, max_steps=4, eval_steps=2,
+        max_eval_samples=4, time_budget_minutes=10, reserve_minutes=1, examples=["the red house.", "the key."],
+    )  # fmt: skip
+    summary = run_main_job(args)
+    assert summary["steps"] == 4 and summary["train_pairs"] + summary["test_pairs"] <= 300
+    assert 0 <= summary["test_bleu"] <= 100 and 0 <= summary["test_chrf"] <= 100
+    assert set(summary["examples"]) == {"the red house.", "the key."}
+    assert set(summary["timings_s"]) == {"harvest", "tokenizer", "train_and_evaluate", "examples", "total"}
+    job = tmp_path / "job"
+    assert json.loads((job / "summary.json").read_text())["test_bleu"] == summary["test_bleu"]
+    assert (job / "data" / "train.tsv").read_text().startswith("en\tde\n")
+    assert (job / "model" / "cross_attention.png").is_file() and (job / "model" / "training_curves.png").is_file()
+    assert list((job / "model" / "runs").glob("*/events.out.tfevents.*"))  # TensorBoard logs
+    assert AutoModelForSeq2SeqLM.from_pretrained(job / "model").config.d_model == 32
+
+
+def test_main_job_without_catalogs_says_what_to_do(tmp_path):
+    with pytest.raises(ValueError, match="No gettext catalogs for language 'xx'"):
+        run_main_job(MainJobArguments(output_dir=str(tmp_path), locale_dir=str(tmp_path), target_lang="xx"))
+    with pytest.raises(ValueError, match="leaves no time to train"):
+        write_mo(tmp_path / "de" / "LC_MESSAGES" / "toy.mo", dict(make_pairs(120)))
+        run_main_job(MainJobArguments(output_dir=str(tmp_path / "j"), locale_dir=str(tmp_path), min_pairs=100,
+                                      vocab_size=300, time_budget_minutes=0.1))  # fmt: skip
