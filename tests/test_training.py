@@ -186,3 +186,16 @@ def test_resume_from_checkpoint_continues_the_same_run(tmp_path, toy_data_dir, t
         final[name] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     for key, value in final["straight"].items():
         torch.testing.assert_close(final["resumed"][key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_bf16_autocast_and_gradient_accumulation_run(tmp_path, toy_data_dir, toy_tokenizer_dir):
+    tokenizer = AutoTokenizer.from_pretrained(toy_tokenizer_dir)
+    data = _datasets(toy_data_dir, tokenizer)
+    model = tiny_model(tokenizer)
+    args = _training_args(tmp_path, 3, warmup_steps=2, learning_rate=3e-3, bf16=True, gradient_accumulation_steps=2)
+    trainer = build_trainer(model, tokenizer, args, _recipe(args, model), data["train"])
+    result = trainer.train()
+    assert math.isfinite(result.training_loss) and trainer.state.global_step == 3
+    assert (tmp_path / "checkpoint-3" / "model.safetensors").is_file()
+    assert len(trainer.get_train_dataloader()) == len(TokenBudgetBatchSampler(
+        data["train"]["source_length"], data["train"]["target_length"], max_tokens=256))  # fmt: skip
