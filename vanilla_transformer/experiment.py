@@ -146,7 +146,11 @@ class TimeBudgetCallback(TrainerCallback):
         if self.show_progress and state.is_world_process_zero:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=round(self.max_seconds), unit="s", desc="Training within the time budget")
+            self.bar = tqdm(
+                total=round(self.max_seconds),
+                desc="Training within the time budget",
+                bar_format="{l_bar}{bar}| {n}/{total} s [{elapsed}<{remaining}{postfix}]",
+            )
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
