@@ -163,7 +163,7 @@ class TimeBudgetCallback(TrainerCallback):
         if self.bar is not None:
             self.bar.update(min(round(elapsed), self.bar.total) - self.bar.n)
             self.bar.set_postfix(step=state.global_step, loss=f"{self.last_loss:.3f}", refresh=False)
-        if elapsed > self.max_seconds:
+        if _on_any_rank(elapsed > self.max_seconds):  # every rank must stop at the same step, or DDP would hang
             logger.warning(f"Time budget of {self.max_seconds:.0f}s reached at step {state.global_step}; stopping.")
             control.should_training_stop = True
             control.should_save = True
@@ -172,6 +172,19 @@ class TimeBudgetCallback(TrainerCallback):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def _on_any_rank(flag: bool) -> bool:
+    """True on every process if `flag` is true on at least one (a no-op without torch.distributed)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    on_gpu = dist.get_backend() == "nccl"
+    value = torch.tensor(float(flag), device=torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu")
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
 def build_trainer(
