@@ -199,3 +199,17 @@ def test_bf16_autocast_and_gradient_accumulation_run(tmp_path, toy_data_dir, toy
     assert (tmp_path / "checkpoint-3" / "model.safetensors").is_file()
     assert len(trainer.get_train_dataloader()) == len(TokenBudgetBatchSampler(
         data["train"]["source_length"], data["train"]["target_length"], max_tokens=256))  # fmt: skip
+
+
+def test_time_budget_stops_training_and_saves(tmp_path, toy_data_dir, toy_tokenizer_dir):
+    from vanilla_transformer.experiment import TimeBudgetCallback
+
+    tokenizer = AutoTokenizer.from_pretrained(toy_tokenizer_dir)
+    data = _datasets(toy_data_dir, tokenizer)
+    model = tiny_model(tokenizer)
+    args = _training_args(tmp_path, 50, warmup_steps=2, learning_rate=3e-3)
+    budget = TimeBudgetCallback(0.0, show_progress=False)
+    trainer = build_trainer(model, tokenizer, args, _recipe(args, model), data["train"], callbacks=[budget])
+    trainer.train()
+    assert trainer.state.global_step == 1  # the budget was spent after the first step
+    assert (tmp_path / "checkpoint-1" / "model.safetensors").is_file()
