@@ -233,3 +233,15 @@ class TestBadInput:
         with pytest.raises(ValueError, match="No Hugging Face token"):
             push_to_hub(model_dir, "someone/en-de", ROOT / "model_card.md")
         assert fake.calls == []
+
+
+def test_onnx_export_goes_under_onnx(model_dir, tmp_path):
+    onnx_dir = tmp_path / "onnx_export"
+    onnx_dir.mkdir()
+    for name in ("encoder_model.onnx", "decoder_model.onnx", "manifest.json"):
+        (onnx_dir / name).write_bytes(b"graph")
+    files = prepare_hub_folder(model_dir, tmp_path / "hub", "someone/en-de", ROOT / "model_card.md", onnx_dir)
+    assert {"onnx/encoder_model.onnx", "onnx/decoder_model.onnx", "onnx/manifest.json"} <= set(files)
+    assert "The ONNX export is in `onnx/`." in (tmp_path / "hub" / "README.md").read_text()
+    with pytest.raises(FileNotFoundError, match="no encoder_model.onnx"):
+        prepare_hub_folder(model_dir, tmp_path / "hub2", "someone/en-de", ROOT / "model_card.md", tmp_path)
