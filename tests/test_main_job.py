@@ -14,7 +14,7 @@ def test_main_job_on_a_tiny_catalog(tmp_path):
     write_mo(tmp_path / "locale" / "de" / "LC_MESSAGES" / "toy.mo", dict(pairs))
     args = MainJobArguments(
         output_dir=str(tmp_path / "job"), locale_dir=str(tmp_path / "locale"), min_pairs=100, vocab_size=400,
-        preset="tiny", config_overrides=TINY_OVERRIDES_ARG, max_tokens=256, max_steps=4, eval_steps=2,
+        preset="tiny", config_overrides=TINY_OVERRIDES_ARG, max_tokens=256, max_steps=4, eval_steps=3, max_length=24,
         max_eval_samples=4, time_budget_minutes=10, reserve_minutes=1, examples=["the red house.", "the key."],
     )  # fmt: skip
     summary = run_main_job(args)
