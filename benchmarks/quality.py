@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--models", nargs="+", default=["vanilla", "marian"], choices=["vanilla", "marian"])
     parser.add_argument("--max_test_samples", type=int, default=None)
+    parser.add_argument("--generation_max_length", type=int, default=None, help="Default: --max_length + 50 (§6.1).")
     args = parser.parse_args(argv)
     logging.set_verbosity_warning()
     output = Path(args.output_dir)
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.preset, vocab_size=len(tokenizer), **parse_config_overrides(args.config_overrides)
     )
 
+    generation_max_length = args.generation_max_length or args.max_length + 50
     runs = []
     for kind in args.models:
         for seed in args.seeds:
@@ -95,14 +97,14 @@ def main(argv: list[str] | None = None) -> dict:
             )  # fmt: skip
             recipe = RecipeArguments(max_tokens=args.max_tokens)
             apply_paper_recipe(training_args, recipe, config.d_model, explicit={"warmup_steps", "learning_rate"})
-            set_generation_defaults(model, 4, recipe.length_penalty, max_length=args.max_length + 50)
+            set_generation_defaults(model, 4, recipe.length_penalty, max_length=generation_max_length)
             started = time.monotonic()
             trainer = build_trainer(model, tokenizer, training_args, recipe, train)
             train_loss = trainer.train().training_loss
             train_s = time.monotonic() - started
             scores, _ = evaluate_translations(
                 model, tokenizer, data["test"]["source"], data["test"]["target"], batch_size=64, num_beams=4,
-                length_penalty=recipe.length_penalty, max_length=args.max_length + 50, show_progress=False,
+                length_penalty=recipe.length_penalty, max_length=generation_max_length, show_progress=False,
             )  # fmt: skip
             run = {"model": kind, "seed": seed, "bleu": round(scores["bleu"], 2), "chrf": round(scores["chrf"], 2),
                    "train_loss": round(train_loss, 4), "train_s": round(train_s, 1),
