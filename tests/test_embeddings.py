@@ -1,0 +1,46 @@
+import math
+
+import pytest
+import torch
+
+from vanilla_transformer import SinusoidalPositionalEncoding, sinusoidal_positional_encoding
+
+from .conftest import closed_form_pe, make_model
+
+
+@pytest.mark.parametrize("pos, i", [(0, 0), (1, 0), (3, 2), (17, 5), (250, 7), (5000, 1)])
+def test_pe_equals_closed_form(pos, i):
+    d_model = 16
+    pe = sinusoidal_positional_encoding(torch.tensor([pos]), d_model)[0]
+    angle = pos / 10000 ** (2 * i / d_model)
+    torch.testing.assert_close(pe[2 * i].item(), math.sin(angle), atol=2e-4, rtol=0)
+    torch.testing.assert_close(pe[2 * i + 1].item(), math.cos(angle), atol=2e-4, rtol=0)
+
+
+def test_pe_interleaves_sin_and_cos():
+    pe = SinusoidalPositionalEncoding(8)(seq_len=3)
+    assert pe.shape == (3, 8)
+    assert torch.all(pe[0, 0::2] == 0) and torch.all(pe[0, 1::2] == 1)  # sin(0) on even dims, cos(0) on odd
+
+
+def test_pe_offset_continues_positions():
+    module = SinusoidalPositionalEncoding(12)
+    torch.testing.assert_close(module(seq_len=3, offset=5), module(seq_len=8)[5:])
+
+
+def test_pe_rejects_odd_width():
+    with pytest.raises(ValueError, match="even"):
+        sinusoidal_positional_encoding(torch.arange(3), 7)
+
+
+def test_stack_input_is_scaled_embedding_plus_pe_beyond_max_positions():
+    """§3.4/3.5: the first encoder layer sees E[x]·√d_model + PE, also past max_position_embeddings (12 here)."""
+    model = make_model()
+    ids = torch.randint(4, 37, (2, 20))
+    seen = {}
+    model.model.encoder.layers[0].register_forward_pre_hook(lambda m, args: seen.setdefault("x", args[0]))
+    model.model.encoder(input_ids=ids)
+    d_model = model.config.d_model
+    expected = model.model.shared.weight[ids] * math.sqrt(d_model)
+    expected = expected + closed_form_pe(20, d_model)
+    torch.testing.assert_close(seen["x"], expected, atol=1e-4, rtol=1e-5)

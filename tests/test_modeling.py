@@ -1,0 +1,229 @@
+import math
+
+import pytest
+import torch
+from safetensors import safe_open
+from torch import nn
+from transformers import AutoModel, AutoModelForSeq2SeqLM
+
+from vanilla_transformer import (
+    VanillaTransformerConfig,
+    VanillaTransformerForConditionalGeneration,
+    VanillaTransformerModel,
+    shift_tokens_right,
+)
+
+from .conftest import closed_form_pe, make_model, padded_batch
+from .test_layers import randomize_norms, torch_decoder_layer, torch_encoder_layer
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_model_matches_torch_transformer_stacks(implementation):
+    """The whole computation against an independent oracle: torch's own encoder/decoder stacks (copied weights),
+    embeddings × √d_model + closed-form PE, and the shared matrix as pre-softmax projection."""
+    model = make_model(seed=3)
+    randomize_norms(model)
+    model.set_attn_implementation(implementation)
+    config = model.config
+    encoder = nn.ModuleList([torch_encoder_layer(layer, config) for layer in model.model.encoder.layers])
+    decoder = nn.ModuleList([torch_decoder_layer(layer, config) for layer in model.model.decoder.layers])
+    src, src_mask = padded_batch(batch=3, src_len=9)
+    tgt = torch.randint(4, 37, (3, 6))
+    emb, d = model.model.shared.weight, config.d_model
+
+    with torch.no_grad():
+        memory = emb[src] * math.sqrt(d) + closed_form_pe(9, d)
+        for layer in encoder:
+            memory = layer(memory, src_key_padding_mask=src_mask == 0)
+        y = emb[tgt] * math.sqrt(d) + closed_form_pe(6, d)
+        causal = nn.Transformer.generate_square_subsequent_mask(6)
+        for layer in decoder:
+            y = layer(y, memory, tgt_mask=causal, memory_key_padding_mask=src_mask == 0)
+        expected = y @ emb.T
+
+        logits = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("preset, expected", [("base", 63_082_496), ("big", 214_245_376)])
+def test_parameter_counts_of_table_3(preset, expected):
+    config = VanillaTransformerConfig.from_preset(preset, vocab_size=37000)
+    with torch.device("meta"):
+        model = VanillaTransformerForConditionalGeneration(config)
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+def test_state_dict_names_and_shared_matrix_saved_once(tmp_path):
+    model = make_model()
+    names = set(model.state_dict())
+    for name in [
+        "model.shared.weight",
+        "model.encoder.embed_tokens.weight",
+        "model.decoder.embed_tokens.weight",
+        "lm_head.weight",
+        "model.encoder.layers.1.self_attn.q_proj.weight",
+        "model.encoder.layers.0.self_attn.out_proj.bias",
+        "model.decoder.layers.2.self_attn.k_proj.weight",
+        "model.decoder.layers.2.encoder_attn.v_proj.weight",
+        "model.decoder.layers.0.encoder_attn_layer_norm.weight",
+        "model.encoder.layers.0.self_attn_layer_norm.bias",
+        "model.decoder.layers.1.final_layer_norm.weight",
+        "model.encoder.layers.1.fc1.weight",
+        "model.decoder.layers.0.fc2.bias",
+    ]:
+        assert name in names, name
+    assert not any("embed_positions" in n for n in names)  # the sinusoid has no parameters or buffers
+    shared = model.model.shared.weight
+    assert model.lm_head.weight is shared
+    assert model.model.encoder.embed_tokens.weight is shared and model.model.decoder.embed_tokens.weight is shared
+
+    model.save_pretrained(tmp_path)
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        saved = set(f.keys())
+    assert "model.shared.weight" in saved
+    assert not {"lm_head.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"} & saved
+
+
+def test_untied_embeddings_are_separate(tmp_path):
+    model = make_model(tie_word_embeddings=False)
+    assert model.lm_head.weight is not model.model.shared.weight
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    ids = torch.randint(4, 37, (2, 5))
+    torch.testing.assert_close(
+        reloaded(input_ids=ids, decoder_input_ids=ids).logits, model(input_ids=ids, decoder_input_ids=ids).logits
+    )
+
+
+def test_save_and_reload_through_auto_classes(tmp_path):
+    model = make_model()
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert type(reloaded) is VanillaTransformerForConditionalGeneration
+    assert reloaded.lm_head.weight is reloaded.model.shared.weight
+    src, mask = padded_batch()
+    tgt = torch.randint(4, 37, (3, 4))
+    torch.testing.assert_close(
+        reloaded(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits,
+        model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits,
+    )
+    base = AutoModel.from_pretrained(tmp_path)
+    assert type(base) is VanillaTransformerModel
+    torch.testing.assert_close(base.shared.weight, model.model.shared.weight)
+
+
+def test_loss_ignores_minus_100_and_honours_num_items_in_batch():
+    model = make_model()
+    src, mask = padded_batch()
+    labels = torch.randint(4, 37, (3, 5))
+    labels[1, 3:] = -100
+    labels[2, 2:] = -100
+    out = model(input_ids=src, attention_mask=mask, labels=labels)
+    keep = labels != -100
+    expected = nn.functional.cross_entropy(out.logits[keep], labels[keep])
+    torch.testing.assert_close(out.loss, expected)
+    out_sum = model(input_ids=src, attention_mask=mask, labels=labels, num_items_in_batch=20)
+    torch.testing.assert_close(out_sum.loss, expected * keep.sum() / 20)
+
+
+def test_decoder_inputs_are_built_from_labels():
+    model = make_model()
+    labels = torch.tensor([[5, 6, 7, 2], [8, 2, -100, -100]])
+    expected = torch.tensor([[1, 5, 6, 7], [1, 8, 2, 0]])
+    assert torch.equal(shift_tokens_right(labels, 0, 1), expected)
+    assert torch.equal(model.prepare_decoder_input_ids_from_labels(labels), expected)
+    src, mask = padded_batch(batch=2)
+    torch.testing.assert_close(
+        model(input_ids=src, attention_mask=mask, labels=labels).logits,
+        model(input_ids=src, attention_mask=mask, decoder_input_ids=expected).logits,
+    )
+
+
+def test_gradients_reach_every_parameter():
+    model = make_model(normalize_before=False).train()
+    src, mask = padded_batch()
+    model(input_ids=src, attention_mask=mask, labels=torch.randint(4, 37, (3, 5))).loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    src, mask = padded_batch()
+    labels = torch.randint(4, 37, (3, 5))
+    grads = []
+    for checkpointing in (False, True):
+        model = make_model(seed=5).train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+            assert model.is_activation_checkpointing
+        loss = model(input_ids=src, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        grads.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    torch.testing.assert_close(grads[0][0], grads[1][0])
+    for name in grads[0][1]:
+        torch.testing.assert_close(grads[0][1][name], grads[1][1][name], msg=name)
+
+
+def test_attentions_and_hidden_states_are_returned_under_eager():
+    model = make_model()
+    model.set_attn_implementation("eager")
+    src, mask = padded_batch()
+    out = model(
+        input_ids=src, attention_mask=mask, decoder_input_ids=torch.ones(3, 4, dtype=torch.long),
+        output_attentions=True, output_hidden_states=True,
+    )  # fmt: skip
+    assert len(out.encoder_attentions) == 2 and len(out.decoder_attentions) == 3 and len(out.cross_attentions) == 3
+    assert out.cross_attentions[0].shape == (3, 2, 4, 9)  # (batch, decoder heads, tgt_len, src_len)
+    assert torch.all(out.cross_attentions[0][2, :, :, 5:] == 0)  # padded source positions get no weight
+    assert len(out.encoder_hidden_states) == 3 and len(out.decoder_hidden_states) == 4
+
+
+def test_return_dict_false_gives_a_tuple():
+    model = make_model()
+    src, mask = padded_batch()
+    out = model(input_ids=src, attention_mask=mask, labels=torch.randint(4, 37, (3, 5)), return_dict=False)
+    assert isinstance(out, tuple) and out[0].dim() == 0 and out[1].shape == (3, 5, 37)
+
+
+def test_no_split_modules_name_real_layer_classes():
+    model = make_model()
+    classes = {type(m).__name__ for m in model.modules()}
+    assert set(model._no_split_modules) <= classes
+
+
+def test_long_inputs_beyond_max_position_embeddings():
+    model = make_model()  # max_position_embeddings = 12
+    ids = torch.randint(4, 37, (1, 40))
+    assert torch.isfinite(model(input_ids=ids, decoder_input_ids=ids).logits).all()
+
+
+class TestBadInput:
+    def test_token_ids_outside_vocabulary(self):
+        with pytest.raises(ValueError, match=r"`input_ids` holds ids outside the vocabulary \[0, 37\)"):
+            make_model()(input_ids=torch.tensor([[5, 37]]), decoder_input_ids=torch.tensor([[1]]))
+        with pytest.raises(ValueError, match="`decoder_input_ids` holds ids outside"):
+            make_model()(input_ids=torch.tensor([[5, 6]]), decoder_input_ids=torch.tensor([[-1]]))
+        with pytest.raises(ValueError, match="`labels` holds ids outside"):
+            make_model()(input_ids=torch.tensor([[5, 6]]), labels=torch.tensor([[99, -100]]))
+
+    def test_float_ids(self):
+        with pytest.raises(ValueError, match="integer token ids"):
+            make_model()(input_ids=torch.tensor([[5.0, 6.0]]), decoder_input_ids=torch.tensor([[1]]))
+
+    def test_mask_shape_differs_from_ids(self):
+        with pytest.raises(ValueError, match=r"`attention_mask` has shape \(2, 4\)"):
+            make_model()(
+                input_ids=torch.ones(2, 5, dtype=torch.long),
+                attention_mask=torch.ones(2, 4, dtype=torch.long),
+                decoder_input_ids=torch.ones(2, 1, dtype=torch.long),
+            )
+        with pytest.raises(ValueError, match="`decoder_attention_mask` has shape"):
+            make_model()(
+                input_ids=torch.ones(2, 5, dtype=torch.long),
+                decoder_input_ids=torch.ones(2, 3, dtype=torch.long),
+                decoder_attention_mask=torch.ones(2, 7, dtype=torch.long),
+            )
+
+    def test_neither_labels_nor_decoder_inputs(self):
+        with pytest.raises(ValueError, match="pass `decoder_input_ids`.*or `labels`"):
+            make_model()(input_ids=torch.ones(2, 5, dtype=torch.long))

@@ -1,0 +1,156 @@
+"""Configuration of the Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+Field names follow transformers' Marian/BART family so that tooling which reads those configs (generation,
+ONNX exporters, model cards, Accelerate's device maps) reads this one too. This file imports only the standard
+library and transformers (plus huggingface_hub, which transformers depends on) so that it can be shipped as remote
+code next to a checkpoint.
+"""
+
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+# Paper Table 3. "base" and "big" are the paper's rows (EN-DE; big uses P_drop 0.3); the small presets keep the
+# architecture and shrink it for CPU demos and tests.
+PRESETS: dict[str, dict[str, Any]] = {
+    "base": dict(
+        d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8,
+        encoder_ffn_dim=2048, decoder_ffn_dim=2048, dropout=0.1,
+    ),
+    "big": dict(
+        d_model=1024, encoder_layers=6, decoder_layers=6, encoder_attention_heads=16, decoder_attention_heads=16,
+        encoder_ffn_dim=4096, decoder_ffn_dim=4096, dropout=0.3,
+    ),
+    "small": dict(
+        d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=1024, decoder_ffn_dim=1024, dropout=0.1,
+    ),
+    "tiny": dict(
+        d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=256, decoder_ffn_dim=256, dropout=0.1,
+    ),
+}  # fmt: skip
+
+ACTIVATIONS = ("relu", "gelu", "silu", "swish")
+
+
+@strict
+class VanillaTransformerConfig(PreTrainedConfig):
+    r"""Hyper-parameters of the encoder-decoder Transformer; the defaults are the paper's base model (Table 3).
+
+    Field → paper symbol:
+
+    - `vocab_size`: size of the shared source/target vocabulary (§5.1: ~37,000 BPE tokens for EN-DE).
+    - `d_model`: d_model, the width of every sub-layer output and embedding (§3.1; 512 base, 1024 big).
+    - `encoder_layers`, `decoder_layers`: N, the number of identical layers per stack (§3.1; 6).
+    - `encoder_attention_heads`, `decoder_attention_heads`: h, the number of heads (§3.2.2; 8 base, 16 big);
+      d_k = d_v = d_model / h.
+    - `encoder_ffn_dim`, `decoder_ffn_dim`: d_ff, the inner width of the position-wise FFN (§3.3; 2048 / 4096).
+    - `dropout`: P_drop, applied to each sub-layer output before the residual add and to the sums of embeddings and
+      positional encodings (§5.4; 0.1 base, 0.3 big).
+    - `attention_dropout`: dropout on the attention probabilities. Not in the paper: 0 by default.
+    - `activation_dropout`: dropout after the FFN's ReLU. Not in the paper: 0 by default.
+    - `activation_function`: the FFN non-linearity; the paper's is ReLU, max(0, x) (§3.3).
+    - `max_position_embeddings`: the length the model is meant for. Positions have no hard limit: the sinusoid of
+      §3.5 is computed in closed form for any position; this field only informs tokenizers and exporters.
+    - `scale_embedding`: multiply embeddings by √d_model (§3.4); True in the paper.
+    - `layer_norm_eps`: ε of LayerNorm (Ba et al., 2016), used by every residual block (§3.1).
+    - `tie_word_embeddings`: share one matrix between the source embedding, the target embedding and the pre-softmax
+      projection (§3.4); True in the paper.
+    - `normalize_before`: False (the paper's post-LN, `LayerNorm(x + Dropout(Sublayer(x)))`); True switches to pre-LN,
+      `x + Dropout(Sublayer(LayerNorm(x)))` with a final LayerNorm per stack, a documented deviation that trains more
+      stably for deep stacks or fp16.
+    - `init_std`: standard deviation of the embedding initialisation; None means d_model^-0.5 (fairseq's choice; the
+      paper does not state its initialisation).
+    - `pad_token_id`, `bos_token_id`, `eos_token_id`, `decoder_start_token_id`: special token ids shared with the
+      tokenizer (`<pad>`=0, `<s>`=1, `</s>`=2 by default; the decoder starts from `<s>`).
+    - `use_cache`: keep the decoder's keys/values between generation steps.
+
+    Use `VanillaTransformerConfig.from_preset("base" | "big" | "small" | "tiny", **overrides)` for Table 3's rows.
+    """
+
+    model_type = "vanilla_transformer"
+    keys_to_ignore_at_inference = ["cache"]
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_attention_heads": "encoder_attention_heads",
+        "num_hidden_layers": "encoder_layers",
+    }
+
+    vocab_size: int = 37000
+    d_model: int = 512
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    encoder_attention_heads: int = 8
+    decoder_attention_heads: int = 8
+    encoder_ffn_dim: int = 2048
+    decoder_ffn_dim: int = 2048
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.0
+    activation_dropout: float | int = 0.0
+    activation_function: str = "relu"
+    max_position_embeddings: int = 1024
+    scale_embedding: bool = True
+    layer_norm_eps: float = 1e-5
+    normalize_before: bool = False
+    init_std: float | None = None
+    tie_word_embeddings: bool = True
+    is_encoder_decoder: bool = True
+    use_cache: bool = True
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    decoder_start_token_id: int | None = 1
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "VanillaTransformerConfig":
+        """The config of a named preset: `"base"` and `"big"` are the paper's Table 3 rows; `"small"` and `"tiny"`
+        are reduced versions for CPU demos and tests. Keyword arguments override any field."""
+        if name not in PRESETS:
+            raise ValueError(f"Unknown preset {name!r}; allowed presets: {', '.join(sorted(PRESETS))}.")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        self._check_values()
+        super().__post_init__(**kwargs)
+
+    def _check_values(self) -> None:
+        """Reject values the model cannot be built with, with a `ValueError` naming the field and what is allowed."""
+        for field in (
+            "vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+            "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings",
+        ):  # fmt: skip
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"`{field}` must be a positive integer, got {value!r}.")
+        if self.d_model % 2 != 0:
+            raise ValueError(f"`d_model` must be even (sin/cos pairs of §3.5), got {self.d_model}.")
+        for field in ("encoder_attention_heads", "decoder_attention_heads"):
+            heads = getattr(self, field)
+            if self.d_model % heads != 0:
+                divisors = [h for h in range(1, min(self.d_model, 64) + 1) if self.d_model % h == 0]
+                raise ValueError(
+                    f"`d_model` ({self.d_model}) must be divisible by `{field}` ({heads}); "
+                    f"allowed head counts for this d_model include {divisors}."
+                )
+        for field in ("dropout", "attention_dropout", "activation_dropout"):
+            value = getattr(self, field)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"`{field}` must be in [0, 1), got {value!r}.")
+        if self.activation_function not in ACTIVATIONS:
+            raise ValueError(
+                f"`activation_function` must be one of {list(ACTIVATIONS)} (the paper uses 'relu'), "
+                f"got {self.activation_function!r}."
+            )
+        if self.layer_norm_eps <= 0:
+            raise ValueError(f"`layer_norm_eps` must be positive, got {self.layer_norm_eps!r}.")
+        if self.init_std is not None and self.init_std <= 0:
+            raise ValueError(f"`init_std` must be positive or None, got {self.init_std!r}.")
+        for field in ("pad_token_id", "bos_token_id", "decoder_start_token_id"):
+            value = getattr(self, field)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ValueError(f"`{field}` must be in [0, vocab_size={self.vocab_size}), got {value}.")
+
+
+__all__ = ["PRESETS", "VanillaTransformerConfig"]

@@ -1,0 +1,52 @@
+"""Input representation of both stacks: scaled token embeddings plus sinusoidal positional encodings (§3.4, §3.5).
+
+Imports only torch, so that it can be shipped as remote code next to a checkpoint.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+
+def sinusoidal_positional_encoding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
+    """The positional encoding of §3.5, in closed form for any position (no table, so no length limit).
+
+        PE(pos, 2i)   = sin(pos / 10000^(2i / d_model))
+        PE(pos, 2i+1) = cos(pos / 10000^(2i / d_model))
+
+    Sine and cosine are interleaved on even and odd dimensions, as the paper writes them (tensor2tensor, fairseq and
+    Marian concatenate them instead, so their weights are not interchangeable with ours).
+
+    Args:
+        positions: (..., seq_len) integer or float positions, 0 for the first token.
+        d_model: the (even) model width.
+    Returns:
+        (..., seq_len, d_model) float32 encodings.
+    """
+    if d_model % 2 != 0:
+        raise ValueError(f"d_model must be even for sin/cos pairs, got {d_model}.")
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float32, device=positions.device)  # (d_model/2,)
+    inv_freq = torch.exp(two_i * (-math.log(10000.0) / d_model))  # 1 / 10000^(2i/d_model)
+    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # (..., seq_len, d_model/2)
+    # (..., seq_len, d_model/2, 2) -> (..., seq_len, d_model): sin at 2i, cos at 2i+1
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """PE of §3.5 for the positions `offset, offset + 1, ...`; holds no parameters or buffers.
+
+    `offset` is the number of tokens already decoded (the cache length), so step t of incremental decoding gets
+    the same encoding as position t of a full forward pass.
+    """
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.d_model = d_model
+
+    def forward(
+        self, seq_len: int, offset: int | torch.Tensor = 0, device: torch.device | None = None
+    ) -> torch.Tensor:
+        """Returns (seq_len, d_model) float32 encodings."""
+        positions = torch.arange(seq_len, device=device) + offset  # (seq_len,)
+        return sinusoidal_positional_encoding(positions, self.d_model)

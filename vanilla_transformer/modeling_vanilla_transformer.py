@@ -1,0 +1,449 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) as a transformers model.
+
+Reading order follows the paper: embeddings (embeddings.py) → attention (attention.py) → layers (layers.py) →
+the encoder and decoder stacks → the encoder-decoder model → the head with the shared pre-softmax projection.
+This file imports only torch, transformers and its siblings, so that `save_pretrained` can ship it as remote code.
+"""
+
+import math
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+from transformers.utils import can_return_tuple, is_torchdynamo_compiling, logging
+from transformers.utils.deprecation import deprecate_kwarg
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from .attention import MultiHeadAttention
+from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .embeddings import SinusoidalPositionalEncoding
+from .layers import DecoderLayer, EncoderLayer
+
+logger = logging.get_logger(__name__)
+
+AUTO_MAP = {
+    "AutoConfig": "configuration_vanilla_transformer.VanillaTransformerConfig",
+    "AutoModel": "modeling_vanilla_transformer.VanillaTransformerModel",
+    "AutoModelForSeq2SeqLM": "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
+}
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Teacher-forcing decoder inputs: `<start> y_1 ... y_{n-1}` from labels `y_1 ... y_n` (-100 becomes pad)."""
+    shifted = labels.new_full(labels.shape, pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def seq2seq_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
+) -> torch.Tensor:
+    """Token-level cross-entropy, ignoring -100 labels (no shift: labels are aligned with the logits).
+
+    Mean over the non-ignored tokens, or their sum divided by `num_items_in_batch` when the Trainer gives it, so that
+    gradient accumulation weighs every token equally.
+    """
+    loss = nn.functional.cross_entropy(
+        logits.float().flatten(0, 1),  # (batch * tgt_len, vocab)
+        labels.flatten().to(logits.device),
+        ignore_index=-100,
+        reduction="sum" if num_items_in_batch is not None else "mean",
+    )
+    if num_items_in_batch is not None:
+        loss = loss / num_items_in_batch
+    return loss
+
+
+def _check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, allow_ignore: bool = False) -> None:
+    """A clear error for ids outside the vocabulary, instead of an IndexError from deep inside torch."""
+    if ids is None or is_torchdynamo_compiling() or ids.numel() == 0:
+        return
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise ValueError(f"`{name}` must hold integer token ids, got dtype {ids.dtype}.")
+    valid = (ids >= 0) & (ids < vocab_size)
+    if allow_ignore:
+        valid |= ids == -100
+    if not bool(valid.all()):
+        bad = ids[~valid]
+        raise ValueError(
+            f"`{name}` holds ids outside the vocabulary [0, {vocab_size}): e.g. {bad[:5].tolist()}"
+            f"{' (-100 marks ignored labels)' if allow_ignore else ''}. Do the tokenizer and the model config "
+            f"(vocab_size={vocab_size}) agree?"
+        )
+
+
+def _check_mask(name: str, mask: torch.Tensor | None, batch_size: int, lengths: tuple[int, ...], of: str) -> None:
+    if mask is None or mask.dim() != 2:  # 4D masks are passed through as the caller built them
+        return
+    if mask.shape[0] != batch_size or mask.shape[1] not in lengths:
+        raise ValueError(
+            f"`{name}` has shape {tuple(mask.shape)} but {of} needs (batch={batch_size}, length in {list(lengths)}): "
+            f"one 1/0 entry per token (1 = real token, 0 = padding)."
+        )
+
+
+class VanillaTransformerPreTrainedModel(PreTrainedModel):
+    config: VanillaTransformerConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["EncoderLayer", "DecoderLayer"]
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _can_compile_fullgraph = True
+
+    def __init__(self, config: VanillaTransformerConfig, *inputs, **kwargs):
+        super().__init__(config, *inputs, **kwargs)
+        # Saved folders load through every Auto class with trust_remote_code=True, where the package is not installed
+        # (save_pretrained alone would map only the config and the class being saved).
+        self.config.auto_map = {**AUTO_MAP, **(getattr(self.config, "auto_map", None) or {})}
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """The paper does not state its initialisation; we use fairseq's: Xavier-uniform projections, zero biases,
+        N(0, d_model^-0.5) embeddings (so that embeddings × √d_model have unit scale, like the sinusoids)."""
+        if isinstance(module, nn.Linear):
+            if module is getattr(self, "lm_head", None) and self.config.tie_word_embeddings:
+                return  # the shared embedding, initialised below
+            init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            std = self.config.init_std if self.config.init_std is not None else self.config.d_model**-0.5
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+
+class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
+    """The encoder stack: (embeddings × √d_model + PE) → dropout → N × EncoderLayer (§3.1)."""
+
+    _can_record_outputs = {
+        "hidden_states": EncoderLayer,
+        "attentions": OutputRecorder(MultiHeadAttention, index=1, layer_name="self_attn"),
+    }
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_positions = SinusoidalPositionalEncoding(config.d_model)
+        self.dropout = config.dropout
+        self.layers = nn.ModuleList([EncoderLayer(config, layer_idx=i) for i in range(config.encoder_layers)])
+        # Deviation from paper: pre-LN stacks need a final LayerNorm; post-LN (the paper) has none.
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> BaseModelOutput:
+        """input_ids: (batch, src_len); attention_mask: (batch, src_len), 1 = token, 0 = padding."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds` to the encoder.")
+        if inputs_embeds is None:
+            _check_token_ids("input_ids", input_ids, self.config.vocab_size)
+            inputs_embeds = self.embed_tokens(input_ids)
+        batch_size, src_len = inputs_embeds.shape[:2]
+        _check_mask("attention_mask", attention_mask, batch_size, (src_len,), "the source of shape (batch, src_len)")
+
+        # §3.4, §3.5: scale the embeddings by √d_model and add the positional encodings; dropout on the sum (§5.4).
+        positions = self.embed_positions(src_len, device=inputs_embeds.device)  # (src_len, d_model)
+        hidden_states = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)
+        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+
+        attention_mask = create_bidirectional_mask(
+            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
+        )
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, attention_mask, **kwargs)
+        if self.layer_norm is not None:
+            hidden_states = self.layer_norm(hidden_states)
+        return BaseModelOutput(last_hidden_state=hidden_states)
+
+
+class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
+    """The decoder stack: (embeddings × √d_model + PE) → dropout → N × DecoderLayer (§3.1).
+
+    Positions continue from the cache length, so incremental decoding sees the same encodings as a full pass.
+    """
+
+    _can_record_outputs = {
+        "hidden_states": DecoderLayer,
+        "attentions": OutputRecorder(MultiHeadAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(MultiHeadAttention, index=1, layer_name="encoder_attn"),
+    }
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_positions = SinusoidalPositionalEncoding(config.d_model)
+        self.dropout = config.dropout
+        self.layers = nn.ModuleList([DecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)])
+        # Deviation from paper: pre-LN stacks need a final LayerNorm; post-LN (the paper) has none.
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        """input_ids: (batch, tgt_len) new tokens; encoder_hidden_states: (batch, src_len, d_model);
+        cache: an `EncoderDecoderCache` (self-attention keys/values so far, cross-attention keys/values)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError(
+                "Pass exactly one of `decoder_input_ids` or `decoder_inputs_embeds`; to train, pass `labels` and the "
+                "decoder inputs are built from them."
+            )
+        if encoder_hidden_states is None:
+            raise ValueError("The decoder needs `encoder_hidden_states` to attend to (§3.2.3).")
+        if inputs_embeds is None:
+            _check_token_ids("decoder_input_ids", input_ids, self.config.vocab_size)
+            inputs_embeds = self.embed_tokens(input_ids)
+        batch_size, tgt_len = inputs_embeds.shape[:2]
+
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        past_len = cache.get_seq_length() if cache is not None else 0
+        if not is_torchdynamo_compiling():
+            _check_mask(
+                "decoder_attention_mask", attention_mask, batch_size, (tgt_len, int(past_len) + tgt_len),
+                "the decoder input of shape (batch, past + tgt_len)",
+            )  # fmt: skip
+            _check_mask(
+                "attention_mask", encoder_attention_mask, batch_size, (encoder_hidden_states.shape[1],),
+                "the encoder output of shape (batch, src_len)",
+            )  # fmt: skip
+
+        positions = self.embed_positions(tgt_len, offset=past_len, device=inputs_embeds.device)  # (tgt_len, d_model)
+        hidden_states = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)
+        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+
+        if (
+            attention_mask is not None
+            and attention_mask.dim() == 2
+            and attention_mask.shape[1] == tgt_len < past_len + tgt_len
+        ):
+            # A mask over the new tokens only: the cached tokens were all attended to.
+            attention_mask = torch.cat([attention_mask.new_ones(batch_size, past_len), attention_mask], dim=1)
+        self_attn_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+        causal_mask = create_causal_mask(
+            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask, cache=self_attn_cache
+        )
+        cross_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                causal_mask,
+                encoder_hidden_states,  # positional, for activation checkpointing
+                encoder_attention_mask=cross_mask,
+                cache=cache,
+                use_cache=use_cache,
+                **kwargs,
+            )
+        if self.layer_norm is not None:
+            hidden_states = self.layer_norm(hidden_states)
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, cache=cache)
+
+
+class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
+    """The encoder-decoder (Figure 1) with one embedding matrix, `shared`, for source and target tokens (§3.4)."""
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        if config.tie_word_embeddings:
+            self._tied_weights_keys = {
+                "encoder.embed_tokens.weight": "shared.weight",
+                "decoder.embed_tokens.weight": "shared.weight",
+            }
+        self.encoder = VanillaTransformerEncoder(config)
+        self.decoder = VanillaTransformerDecoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.shared
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.shared = value
+        if self.config.tie_word_embeddings:
+            self.encoder.embed_tokens = value
+            self.decoder.embed_tokens = value
+
+    @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqModelOutput:
+        """Encode the source (unless `encoder_outputs` are given), then decode `decoder_input_ids` with the cache.
+
+        Masks are 1 for real tokens and 0 for padding (transformers' convention)."""
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            raise ValueError(
+                "The decoder has no input: pass `decoder_input_ids` (or `decoder_inputs_embeds`), or `labels` to "
+                "VanillaTransformerForConditionalGeneration, which builds them by shifting the labels right."
+            )
+        if encoder_outputs is None:
+            if input_ids is not None and attention_mask is not None and attention_mask.dim() == 2:
+                _check_mask("attention_mask", attention_mask, input_ids.shape[0], (input_ids.shape[1],), "`input_ids`")
+            encoder_outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            cache=cache,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            cache=decoder_outputs.cache,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
+    """The encoder-decoder with the pre-softmax projection `lm_head`, whose weight is the shared embedding matrix
+    (§3.4), and the token-level cross-entropy loss. Label smoothing (§5.4) is the Trainer's
+    `label_smoothing_factor`."""
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config)
+        self.model = VanillaTransformerModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self._tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+        self.post_init()
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
+        """As `VanillaTransformerModel.forward`, plus `labels` (batch, tgt_len) with -100 for ignored positions:
+        when given, the loss is returned and missing decoder inputs are the labels shifted right."""
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        if labels is not None:
+            _check_token_ids("labels", labels, self.config.vocab_size, allow_ignore=True)
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)  # (batch, tgt_len, vocab)
+        loss = None
+        if labels is not None:
+            if labels.shape != logits.shape[:2]:
+                raise ValueError(
+                    f"`labels` has shape {tuple(labels.shape)} but the decoder produced {tuple(logits.shape[:2])}."
+                )
+            loss = seq2seq_cross_entropy(logits, labels, num_items_in_batch)
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+
+__all__ = [
+    "VanillaTransformerPreTrainedModel",
+    "VanillaTransformerEncoder",
+    "VanillaTransformerDecoder",
+    "VanillaTransformerModel",
+    "VanillaTransformerForConditionalGeneration",
+    "shift_tokens_right",
+    "seq2seq_cross_entropy",
+]
