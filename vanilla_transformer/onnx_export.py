@@ -256,13 +256,18 @@ def untie_output_projection(path: Path) -> bool:
 
 
 def quantize_int8(path: Path) -> None:
-    """Dynamic int8 quantization (weights int8, activations quantized per call) of one graph, in place."""
+    """Dynamic int8 quantization of one graph, in place.
+
+    Weights of the linear layers become int8 (activations are quantized per call); the embedding table is stored in
+    int8 too and only the gathered rows are dequantized. Attention score products stay fp32 (no weight operand).
+    """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     fp32_path = path.with_suffix(".fp32.onnx")
     path.rename(fp32_path)
     try:
-        quantize_dynamic(fp32_path, path, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+        operators = ["MatMul", "Gemm", "Gather"]
+        quantize_dynamic(fp32_path, path, weight_type=QuantType.QInt8, op_types_to_quantize=operators)
     finally:
         fp32_path.unlink()
         for extra in path.parent.glob(f"{fp32_path.stem}*-inferred.onnx"):
