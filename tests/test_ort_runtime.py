@@ -158,6 +158,8 @@ def test_bad_inputs_name_the_problem(translator, batch):
         translator.generate(ids, mask[None])
     with pytest.raises(ValueError, match="attention_mask shape"):
         translator.generate(ids, mask[:, :-1])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        translator.generate(ids + 100, mask)
     with pytest.raises(ValueError, match="Unknown generation options"):
         translator.generate(ids, mask, beams=4)
     with pytest.raises(ValueError, match="max_new_tokens"):

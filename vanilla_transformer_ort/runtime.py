@@ -246,6 +246,9 @@ class OrtTranslator:
         attention_mask = check_token_array("attention_mask", attention_mask)
         if attention_mask.shape != input_ids.shape:
             raise ValueError(f"attention_mask shape {attention_mask.shape} != input_ids shape {input_ids.shape}")
+        vocab_size = self.config["vocab_size"]
+        if input_ids.min() < 0 or input_ids.max() >= vocab_size:
+            raise ValueError(f"input_ids holds ids outside the vocabulary [0, {vocab_size})")
         settings = self._settings(overrides)
         batch = input_ids.shape[0]
         state = self._start(input_ids, attention_mask, settings.num_beams)
