@@ -19,15 +19,13 @@ from vanilla_transformer.onnx_export import (
     ENCODER_FILE,
     FP32_TOLERANCE,
     MANIFEST_FILE,
-    GridCase,
     decoder_input_names,
     decoder_output_names,
     encoder_output_names,
     export_model,
     optimize_variant,
-    validate_export,
-    validation_grid,
 )
+from vanilla_transformer.onnx_validation import GridCase, validate_export, validation_grid
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = CONFIG["decoder_layers"]
