@@ -90,7 +90,9 @@ def greedy_search(state: DecoderState, batch_size: int, settings: GenerationSett
     """Greedy decoding; returns (batch, 1 + generated) int64 with the start token first, finished rows pad-filled."""
     tokens = np.full((batch_size, 1), settings.decoder_start_token_id, dtype=np.int64)
     unfinished = np.ones(batch_size, dtype=bool)
-    pad = settings.pad_token_id if settings.pad_token_id is not None else 0
+    pad = settings.pad_token_id
+    if pad is None:  # transformers falls back to the first EOS id
+        pad = settings.eos_token_ids[0] if settings.eos_token_ids else 0
     for _ in range(settings.max_new_tokens):
         scores = process_scores(state.step(tokens[:, -1:]), tokens.shape[1], settings)
         next_tokens = scores.argmax(axis=-1).astype(np.int64)
