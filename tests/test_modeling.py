@@ -1,4 +1,5 @@
 import math
+import re
 
 import pytest
 import torch
@@ -227,3 +228,64 @@ class TestBadInput:
     def test_neither_labels_nor_decoder_inputs(self):
         with pytest.raises(ValueError, match="pass `decoder_input_ids`.*or `labels`"):
             make_model()(input_ids=torch.ones(2, 5, dtype=torch.long))
+
+
+def test_sdpa_is_the_default_and_matches_eager():
+    model = make_model(seed=14)
+    assert model.config._attn_implementation == "sdpa"
+    src, mask = padded_batch()
+    tgt = torch.randint(4, 37, (3, 5))
+    with torch.no_grad():
+        sdpa = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        model.set_attn_implementation("eager")
+        eager = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(sdpa, eager, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_flex_attention_matches_eager():
+    """flex_attention compiles its kernel (about a minute on 2 CPU cores)."""
+    model = make_model(seed=14)
+    src, mask = padded_batch()
+    tgt = torch.randint(4, 37, (3, 5))
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        eager = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        model.set_attn_implementation("flex_attention")
+        flex = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(flex, eager, atol=1e-4, rtol=1e-4)
+
+
+def test_initialisation():
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=3000))
+    shared = model.model.shared.weight
+    torch.testing.assert_close(shared.std().item(), 64**-0.5, atol=0.01, rtol=0)  # N(0, d_model^-0.5)
+    assert torch.all(shared[model.config.pad_token_id] == 0)
+    fc1 = model.model.encoder.layers[0].fc1
+    bound = math.sqrt(6 / (64 + 256))  # Xavier-uniform
+    assert fc1.weight.abs().max() <= bound and fc1.weight.abs().max() > 0.9 * bound
+    assert torch.all(fc1.bias == 0)
+
+
+def test_bfloat16_forward_and_generate(tmp_path):
+    make_model(seed=15).save_pretrained(tmp_path)
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    src, mask = padded_batch()
+    out = model(input_ids=src, attention_mask=mask, labels=torch.randint(4, 37, (3, 4)))
+    assert out.logits.dtype == torch.bfloat16 and torch.isfinite(out.loss)
+    assert model.generate(src, attention_mask=mask, max_new_tokens=3).shape[0] == 3
+
+
+def test_device_map_auto_with_disk_offload_keeps_layers_whole(tmp_path):
+    model = make_model(seed=16)
+    model.save_pretrained(tmp_path / "model")
+    src, mask = padded_batch()
+    expected = model.generate(src, attention_mask=mask, num_beams=2, max_new_tokens=4, min_new_tokens=4)
+    offloaded = AutoModelForSeq2SeqLM.from_pretrained(
+        tmp_path / "model", device_map="auto", max_memory={"cpu": "30KB"}, offload_folder=tmp_path / "offload"
+    )
+    assert "disk" in set(offloaded.hf_device_map.values())
+    for name in offloaded.hf_device_map:  # no layer split across devices
+        assert not re.search(r"layers\.\d+\.", name), name
+    got = offloaded.generate(src, attention_mask=mask, num_beams=2, max_new_tokens=4, min_new_tokens=4)
+    assert torch.equal(got, expected)

@@ -251,13 +251,15 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         hidden_states = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)
         hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
 
-        if (
+        mask_over_new_tokens_only = (
             attention_mask is not None
             and attention_mask.dim() == 2
-            and attention_mask.shape[1] == tgt_len < past_len + tgt_len
-        ):
-            # A mask over the new tokens only: the cached tokens were all attended to.
-            attention_mask = torch.cat([attention_mask.new_ones(batch_size, past_len), attention_mask], dim=1)
+            and not is_torchdynamo_compiling()
+            and attention_mask.shape[1] == tgt_len
+            and int(past_len) > 0
+        )
+        if mask_over_new_tokens_only:  # every cached token stays visible
+            attention_mask = torch.cat([attention_mask.new_ones(batch_size, int(past_len)), attention_mask], dim=1)
         self_attn_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         causal_mask = create_causal_mask(
             config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask, cache=self_attn_cache
