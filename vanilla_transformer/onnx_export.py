@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 ENCODER_FILE = "encoder_model.onnx"
 DECODER_FILE = "decoder_model.onnx"
-MANIFEST_FILE = "onnx_manifest.json"
+MANIFEST_FILE = "manifest.json"
 DEFAULT_OPSET = 20
 FP32_TOLERANCE = 1e-4
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

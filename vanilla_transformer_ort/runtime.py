@@ -20,7 +20,6 @@ logger = logging.getLogger(__name__)
 
 ENCODER_FILE = "encoder_model.onnx"
 DECODER_FILE = "decoder_model.onnx"
-MANIFEST_FILE = "onnx_manifest.json"
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # Generation options that change outputs but are not implemented here: refuse them instead of ignoring them.
 UNSUPPORTED_GENERATION = {
