@@ -19,6 +19,7 @@ from vanilla_transformer.onnx_export import (
     ENCODER_FILE,
     FP32_TOLERANCE,
     MANIFEST_FILE,
+    REORDER_FILE,
     decoder_input_names,
     decoder_output_names,
     encoder_output_names,
@@ -110,9 +111,28 @@ def test_graph_names_and_dynamic_dimensions(export_dir):
             assert dims[3].dim_value == CONFIG["d_model"] // CONFIG["decoder_attention_heads"]
 
 
+def test_cache_reorder_graph_gathers_rows(export_dir):
+    session = ort.InferenceSession(str(export_dir / REORDER_FILE), providers=["CPUExecutionProvider"])
+    heads, d_head = CONFIG["decoder_attention_heads"], CONFIG["d_model"] // CONFIG["decoder_attention_heads"]
+    rng = np.random.default_rng(0)
+    past = {
+        n: rng.standard_normal((3, heads, 4, d_head)).astype(np.float32)
+        for n in decoder_input_names(LAYERS)
+        if ".decoder." in n
+    }
+    rows = np.array([2, 2, 0, 1], dtype=np.int64)
+    outputs = dict(
+        zip([o.name for o in session.get_outputs()], session.run(None, {"beam_idx": rows, **past}), strict=True)
+    )
+    assert len(outputs) == 2 * LAYERS
+    for name, value in past.items():
+        np.testing.assert_array_equal(outputs[name.replace("past_key_values", "reordered")], value[rows])
+
+
 def test_export_folder_is_self_contained(export_dir):
-    for name in (ENCODER_FILE, DECODER_FILE, "config.json", "generation_config.json", "tokenizer.json", MANIFEST_FILE):
+    for name in (ENCODER_FILE, DECODER_FILE, REORDER_FILE, "config.json", "generation_config.json", "tokenizer.json"):
         assert (export_dir / name).is_file(), name
+    assert (export_dir / MANIFEST_FILE).is_file()
     manifest = json.loads((export_dir / MANIFEST_FILE).read_text())
     assert manifest["dtype"] == "fp32" and manifest["quantization"] is None and manifest["opset"] == 20
     assert manifest["decoder_layers"] == LAYERS

@@ -70,9 +70,16 @@ def test_beam4_is_token_identical_to_generate(model, translator, batch, options)
     np.testing.assert_array_equal(actual, expected)
 
 
-def test_io_binding_path_is_token_identical(model, batch):
-    """The path CUDA uses (cache kept in onnxruntime values, beam reordering), run here on the CPU device."""
-    bound = OrtTranslator(trained_export_dir(), provider="cpu", use_io_binding=True)
+@pytest.mark.parametrize("with_reorder_graph", [True, False])
+def test_io_binding_path_is_token_identical(model, batch, tmp_path, with_reorder_graph):
+    """The path CUDA uses (cache kept in onnxruntime values, beam reordering by the helper graph or, for folders
+    without it, on the host), run here on the CPU device."""
+    folder = tmp_path / "export"
+    shutil.copytree(trained_export_dir(), folder)
+    if not with_reorder_graph:
+        (folder / "cache_reorder.onnx").unlink()
+    bound = OrtTranslator(folder, provider="cpu", use_io_binding=True)
+    assert (bound.reorder is not None) == with_reorder_graph
     for num_beams in (1, 4):
         expected = _generate(model, batch, num_beams=num_beams, max_new_tokens=15)
         actual = bound.generate(batch[0].numpy(), batch[1].numpy(), num_beams=num_beams, max_new_tokens=15)

@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 ENCODER_FILE = "encoder_model.onnx"
 DECODER_FILE = "decoder_model.onnx"
 MANIFEST_FILE = "manifest.json"
+REORDER_FILE = "cache_reorder.onnx"
 DEFAULT_OPSET = 20
 FP32_TOLERANCE = 1e-4
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -273,6 +274,35 @@ def quantize_int8(path: Path) -> None:
             extra.unlink()
 
 
+def write_cache_reorder_graph(output_dir: Path) -> Path:
+    """A weightless helper graph that gathers self-attention cache rows (beam reordering) where the cache lives.
+
+    Inputs: `beam_idx` (reordered_batch_size,) int64 and every `past_key_values.{i}.decoder.key/value`; outputs
+    `reordered.{i}.decoder.key/value`. The runtime uses it with I/O binding so that beam search on CUDA never copies
+    the cache to the host; its dtype follows the decoder graph's cache inputs (fp32 or fp16).
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    decoder = onnx.load(str(output_dir / DECODER_FILE), load_external_data=False)
+    cache_inputs = [value for value in decoder.graph.input if ".decoder." in value.name]
+    index = helper.make_tensor_value_info("beam_idx", TensorProto.INT64, ["reordered_batch_size"])
+    inputs, outputs, nodes = [index], [], []
+    for value in cache_inputs:
+        dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]  # (batch, heads, past, d_head)
+        elem_type = value.type.tensor_type.elem_type
+        name = value.name.replace("past_key_values.", "reordered.", 1)
+        inputs.append(helper.make_tensor_value_info(value.name, elem_type, dims))
+        outputs.append(helper.make_tensor_value_info(name, elem_type, ["reordered_batch_size", *dims[1:]]))
+        nodes.append(helper.make_node("Gather", [value.name, "beam_idx"], [name], axis=0))
+    graph = helper.make_graph(nodes, "cache_reorder", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=list(decoder.opset_import), ir_version=decoder.ir_version)
+    onnx.checker.check_model(model)
+    path = output_dir / REORDER_FILE
+    onnx.save(model, str(path))
+    return path
+
+
 def optimize_variant(output_dir: Path, dtype: str, quantize: str | None) -> None:
     """Turn the fp32 graphs in `output_dir` into the requested variant, in place."""
     encoder_path, decoder_path = output_dir / ENCODER_FILE, output_dir / DECODER_FILE
@@ -368,6 +398,7 @@ def export_model(
         optimize_variant(output_dir, dtype, quantize)
         if validate:
             report[quantize or dtype] = validate_export(model, output_dir)
+    write_cache_reorder_graph(output_dir)
     model.config.save_pretrained(output_dir)
     model.generation_config.save_pretrained(output_dir)
     manifest = build_manifest(model.config, output_dir, dtype=dtype, quantize=quantize, opset=opset)
@@ -394,6 +425,6 @@ def build_manifest(config, output_dir: Path, *, dtype: str, quantize: str | None
         "decoder_attention_heads": config.decoder_attention_heads,
         "d_model": config.d_model,
         "vocab_size": config.vocab_size,
-        "graphs": {name: _graph_io(output_dir / name) for name in (ENCODER_FILE, DECODER_FILE)},
+        "graphs": {name: _graph_io(output_dir / name) for name in (ENCODER_FILE, DECODER_FILE, REORDER_FILE)},
         "files": files,
     }

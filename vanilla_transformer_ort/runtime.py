@@ -20,6 +20,7 @@ logger = logging.getLogger(__name__)
 
 ENCODER_FILE = "encoder_model.onnx"
 DECODER_FILE = "decoder_model.onnx"
+REORDER_FILE = "cache_reorder.onnx"  # optional helper graph: beam reordering on the device
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # Generation options that change outputs but are not implemented here: refuse them instead of ignoring them.
 UNSUPPORTED_GENERATION = {
@@ -139,16 +140,17 @@ class _NumpyState:
 class _BoundState:
     """Decoder cache kept on the device through I/O binding: presents of one step are the next step's past.
 
-    Only the logits come back to the host each step. Beam reordering gathers the cache rows on the host
-    (the graph has no gather input), so beam search pays one cache round trip per step; greedy pays none.
+    Only the logits come back to the host each step. Beam reordering runs the `cache_reorder.onnx` helper graph on
+    the same device; without it (older export folders) the cache rows are gathered on the host instead.
     """
 
-    def __init__(self, session, cross: dict[str, np.ndarray], mask: np.ndarray, past: dict[str, np.ndarray], device):
+    def __init__(self, session, cross: dict, mask: np.ndarray, past: dict, device: str, reorder_session=None):
         import onnxruntime as ort
 
-        self.ort, self.session, self.device = ort, session, device
+        self.ort, self.session, self.device, self.reorder_session = ort, session, device, reorder_session
         self.binding = session.io_binding()
         self.output_names = [o.name for o in session.get_outputs()]
+        self.past_names = [n.replace("present.", "past_key_values.", 1) for n in self.output_names[1:]]
         self.on_device = {name: self._upload(value) for name, value in {**cross, **past}.items()}
         self.on_device["encoder_attention_mask"] = self._upload(mask)
 
@@ -167,18 +169,27 @@ class _BoundState:
             binding.bind_output(name, self.device, 0)
         self.session.run_with_iobinding(binding)
         outputs = binding.get_outputs()
-        for name, value in zip(self.output_names[1:], outputs[1:], strict=True):
-            self.on_device[name.replace("present.", "past_key_values.", 1)] = value
+        for name, value in zip(self.past_names, outputs[1:], strict=True):
+            self.on_device[name] = value
         return outputs[0].numpy()[:, -1, :].astype(np.float32)
 
     def reorder(self, rows: np.ndarray) -> None:
-        names = [n.replace("present.", "past_key_values.", 1) for n in self.output_names[1:]]
-        if self.device == "cpu":
-            host = [self.on_device[name].numpy() for name in names]
-        else:
-            host = self.binding.copy_outputs_to_cpu()[1:]
-        for name, value in zip(names, host, strict=True):
-            self.on_device[name] = self._upload(value[rows])
+        if self.reorder_session is None:
+            if self.device == "cpu":
+                host = [self.on_device[name].numpy() for name in self.past_names]
+            else:  # the last run's presents are the current cache
+                host = self.binding.copy_outputs_to_cpu()[1:]
+            for name, value in zip(self.past_names, host, strict=True):
+                self.on_device[name] = self._upload(value[rows])
+            return
+        binding = self.reorder_session.io_binding()
+        binding.bind_cpu_input("beam_idx", np.ascontiguousarray(rows, dtype=np.int64))
+        for name in self.past_names:
+            binding.bind_ortvalue_input(name, self.on_device[name])
+            binding.bind_output(name.replace("past_key_values.", "reordered.", 1), self.device, 0)
+        self.reorder_session.run_with_iobinding(binding)
+        for name, value in zip(self.past_names, binding.get_outputs(), strict=True):
+            self.on_device[name] = value
 
 
 class OrtTranslator:
@@ -213,6 +224,9 @@ class OrtTranslator:
         self.encoder = ort.InferenceSession(str(self.folder / ENCODER_FILE), options, providers=providers)
         self.decoder = ort.InferenceSession(str(self.folder / DECODER_FILE), options, providers=providers)
         # onnxruntime-gpu lists CUDA even without a GPU and silently falls back to CPU: report what is used.
+        self.reorder = None  # only used with I/O binding
+        if (self.folder / REORDER_FILE).is_file():
+            self.reorder = ort.InferenceSession(str(self.folder / REORDER_FILE), options, providers=providers)
         self.provider = self.decoder.get_providers()[0]
         if requested != self.provider:
             logger.warning("Requested %s, onnxruntime uses %s", requested, self.provider)
@@ -284,7 +298,7 @@ class OrtTranslator:
             f"past_key_values.{i}.decoder.{kind}": empty for i in range(self.num_layers) for kind in ("key", "value")
         }
         if self.use_io_binding:
-            return _BoundState(self.decoder, cross, mask, past, self.device)
+            return _BoundState(self.decoder, cross, mask, past, self.device, self.reorder)
         return _NumpyState(self.decoder, cross, mask, past)
 
     # -- text level -------------------------------------------------------------------------------------------
