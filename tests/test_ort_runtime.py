@@ -48,10 +48,17 @@ def test_outputs_have_varied_lengths(model, batch):
     assert len(lengths) >= 3, output
 
 
-@pytest.mark.parametrize("max_new_tokens", [3, 15])
-def test_greedy_is_token_identical_to_generate(model, translator, batch, max_new_tokens):
-    expected = _generate(model, batch, max_new_tokens=max_new_tokens)
-    actual = translator.generate(batch[0].numpy(), batch[1].numpy(), max_new_tokens=max_new_tokens)
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_new_tokens": 3},
+        {"max_new_tokens": 15},
+        {"max_new_tokens": 6, "forced_eos_token_id": 2, "min_new_tokens": 2},
+    ],
+)
+def test_greedy_is_token_identical_to_generate(model, translator, batch, options):
+    expected = _generate(model, batch, **options)
+    actual = translator.generate(batch[0].numpy(), batch[1].numpy(), **options)
     np.testing.assert_array_equal(actual, expected)
 
 
@@ -62,12 +69,34 @@ def test_greedy_is_token_identical_to_generate(model, translator, batch, max_new
         {"max_new_tokens": 15, "length_penalty": 0.6, "early_stopping": True},
         {"max_new_tokens": 6, "length_penalty": 2.0, "early_stopping": "never"},
         {"max_new_tokens": 15, "length_penalty": -1.0, "min_new_tokens": 4},
+        {"max_new_tokens": 5, "forced_eos_token_id": 2},
     ],
 )
 def test_beam4_is_token_identical_to_generate(model, translator, batch, options):
     expected = _generate(model, batch, num_beams=4, **options)
     actual = translator.generate(batch[0].numpy(), batch[1].numpy(), num_beams=4, **options)
     np.testing.assert_array_equal(actual, expected)
+
+
+def test_search_helpers_match_transformers():
+    """Top-k order and the min-length / forced-EOS processors against transformers' own implementations."""
+    from transformers.generation.logits_process import ForcedEOSTokenLogitsProcessor, MinNewTokensLengthLogitsProcessor
+
+    from vanilla_transformer_ort.search import GenerationSettings, process_scores, top_k
+
+    scores = np.random.default_rng(0).standard_normal((3, 50)).astype(np.float32)
+    values, indices = top_k(scores, 8)
+    expected_values, expected_indices = torch.topk(torch.from_numpy(scores), 8)
+    np.testing.assert_array_equal(values, expected_values.numpy())
+    np.testing.assert_array_equal(indices, expected_indices.numpy())
+    settings = GenerationSettings(decoder_start_token_id=1, eos_token_ids=[2], max_new_tokens=6, min_new_tokens=3)
+    settings.forced_eos_token_id = 2
+    min_new = MinNewTokensLengthLogitsProcessor(1, 3, 2)
+    forced = ForcedEOSTokenLogitsProcessor(7, 2)
+    for cur_len in range(1, 7):
+        ids = torch.ones(3, cur_len, dtype=torch.long)
+        expected = forced(ids, min_new(ids, torch.from_numpy(scores))).numpy()
+        np.testing.assert_array_equal(process_scores(scores, cur_len, settings), expected)
 
 
 @pytest.mark.parametrize("with_reorder_graph", [True, False])
