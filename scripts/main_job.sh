@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One command on a fresh machine: create a virtual environment, install the package with its training extras, and
-# run the main job (gettext en→de corpus → tokenizer → small Transformer on the CPU → BLEU/chrF → examples).
+# One command on a fresh machine: create a virtual environment, install the package with its training and ONNX extras, and
+# run the main job (gettext en→de corpus → tokenizer → small Transformer on the CPU → BLEU/chrF → examples → ONNX).
 #   bash scripts/main_job.sh [--time_budget_minutes 20] [--output_dir outputs/main_job]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,9 +9,9 @@ if [[ -z "${VIRTUAL_ENV:-}" ]]; then
     # shellcheck disable=SC1091
     source .venv/bin/activate
 fi
-if ! python -c "import vanilla_transformer, datasets, accelerate, sacrebleu, matplotlib, tensorboard" 2>/dev/null; then
+if ! python -c "import vanilla_transformer, datasets, accelerate, sacrebleu, matplotlib, tensorboard, onnxruntime, onnxscript" 2>/dev/null; then
     python -m pip install --quiet --upgrade pip
-    python -m pip install --quiet --extra-index-url https://download.pytorch.org/whl/cpu -e ".[train]"
+    python -m pip install --quiet --extra-index-url https://download.pytorch.org/whl/cpu -e ".[train,onnx]"
 fi
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"  # the main job needs nothing from the Hub
 python scripts/main_job.py "$@"

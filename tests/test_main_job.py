@@ -16,6 +16,7 @@ def test_main_job_on_a_tiny_catalog(tmp_path):
         output_dir=str(tmp_path / "job"), locale_dir=str(tmp_path / "locale"), min_pairs=100, vocab_size=400,
         preset="tiny", config_overrides=TINY_OVERRIDES_ARG, max_tokens=256, max_steps=4, eval_steps=3, max_length=24,
         max_eval_samples=4, time_budget_minutes=10, reserve_minutes=1, examples=["the red house.", "the key."],
+        export_onnx=False,
     )  # fmt: skip
     summary = run_main_job(args)
     assert summary["steps"] == 4 and summary["train_pairs"] + summary["test_pairs"] <= 300
@@ -37,3 +38,17 @@ def test_main_job_without_catalogs_says_what_to_do(tmp_path):
         write_mo(tmp_path / "de" / "LC_MESSAGES" / "toy.mo", dict(make_pairs(120)))
         run_main_job(MainJobArguments(output_dir=str(tmp_path / "j"), locale_dir=str(tmp_path), min_pairs=100,
                                       vocab_size=300, time_budget_minutes=0.1))  # fmt: skip
+
+
+@pytest.mark.slow
+def test_main_job_exports_and_translates_with_onnxruntime(tmp_path):
+    pytest.importorskip("onnxruntime")
+    write_mo(tmp_path / "locale" / "de" / "LC_MESSAGES" / "toy.mo", dict(make_pairs(300, seed=1)))
+    args = MainJobArguments(
+        output_dir=str(tmp_path / "job"), locale_dir=str(tmp_path / "locale"), min_pairs=100, vocab_size=400,
+        preset="tiny", config_overrides=TINY_OVERRIDES_ARG, max_tokens=256, max_steps=2, eval_steps=2, max_length=24,
+        max_eval_samples=2, reserve_minutes=1, examples=["the red house.", "the key."],
+    )  # fmt: skip
+    summary = run_main_job(args)
+    assert (tmp_path / "job" / "onnx" / "encoder_model.onnx").is_file()
+    assert summary["onnx_examples"] == summary["examples"]  # onnxruntime gives the same beam-search translations

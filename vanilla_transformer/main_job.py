@@ -2,7 +2,8 @@
 
 Harvest the gettext corpus installed on the machine, train the joint BPE tokenizer (§5.1), train a small Transformer
 with the paper's recipe (§5) until the time budget is spent, report sacreBLEU and chrF on the held-out split with beam
-search (§6.1), save the model and translate a few example sentences.
+search (§6.1), save the model and translate a few example sentences; with the `onnx` extra installed, also export
+the model to ONNX and translate the examples with onnxruntime.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class MainJobArguments:
     max_steps: int = _arg(1_000_000, "A ceiling only: the time budget ends training.")
     min_pairs: int = _arg(1000, "Fewest clean gettext pairs accepted.")
     seed: int = _arg(42, "Random seed.")
+    export_onnx: bool = _arg(True, "Also export to ONNX and translate the examples with onnxruntime (onnx extra).")
     examples: list[str] = field(
         default_factory=lambda: list(EXAMPLE_SENTENCES), metadata={"help": "Sentences to translate at the end."}
     )
@@ -89,7 +91,8 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
     tokenizer.save_pretrained(output / "tokenizer")
     now = lap("tokenizer", now)
 
-    train_budget_s = budget_s - (time.monotonic() - started) - _reserved_seconds(budget_s, args.reserve_minutes)
+    reserve_s = _reserved_seconds(budget_s, args.reserve_minutes) + (60.0 if args.export_onnx else 0.0)
+    train_budget_s = budget_s - (time.monotonic() - started) - reserve_s
     if train_budget_s < 10:
         raise ValueError(f"--time_budget_minutes {args.time_budget_minutes} leaves no time to train; give it more.")
     model_dir = output / "model"
@@ -116,7 +119,10 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
 
     model, tokenizer = load_translation_model(model_dir, device="cpu")
     translations = translate(model, tokenizer, args.examples, show_progress=False)
-    lap("examples", now)
+    now = lap("examples", now)
+    onnx_translations = _onnx_step(model_dir, output / "onnx", args.examples) if args.export_onnx else None
+    if onnx_translations is not None:
+        lap("onnx_export_and_examples", now)
 
     summary = {
         "test_bleu": round(results.get("test_bleu", float("nan")), 2),
@@ -130,8 +136,24 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
         "examples": dict(zip(args.examples, translations, strict=True)),
         "model_dir": str(model_dir),
     }
+    if onnx_translations is not None:
+        summary["onnx_examples"] = dict(zip(args.examples, onnx_translations, strict=True))
+        summary["onnx_dir"] = str(output / "onnx")
     (output / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return summary
+
+
+def _onnx_step(model_dir: Path, onnx_dir: Path, sentences: list[str]) -> list[str] | None:
+    """Export the saved model to ONNX and translate `sentences` with onnxruntime; None if the extra is missing."""
+    try:
+        from vanilla_transformer_ort import OrtTranslator
+
+        from .onnx_export import export_model
+    except ImportError as error:
+        logger.warning(f"Skipping the ONNX step ({error}); install it with: pip install -e '.[onnx]'")
+        return None
+    export_model(model_dir, onnx_dir)
+    return [text.strip() for text in OrtTranslator(onnx_dir).translate(list(sentences))]
 
 
 def _last_step(model_dir: Path) -> int | None:
