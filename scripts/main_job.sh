@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One command on a fresh machine: create a virtual environment, install the package with its training and ONNX extras, and
-# run the main job (gettext en→de corpus → tokenizer → small Transformer on the CPU → BLEU/chrF → examples → ONNX).
+# One command on a fresh machine: create a virtual environment, install the package with its training and ONNX
+# extras, and run the main job (gettext en→de corpus → tokenizer → small Transformer on the CPU → BLEU/chrF →
+# examples → ONNX export and onnxruntime translations).
 #   bash scripts/main_job.sh [--time_budget_minutes 20] [--output_dir outputs/main_job]
 set -euo pipefail
 cd "$(dirname "$0")/.."
