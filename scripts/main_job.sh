@@ -10,9 +10,12 @@ if [[ -z "${VIRTUAL_ENV:-}" ]]; then
     # shellcheck disable=SC1091
     source .venv/bin/activate
 fi
+if ! python -c "import torch" 2>/dev/null; then
+    # The CPU wheel first: where it lies on local disk this is fast; elsewhere any torch >= 2.4 works.
+    python -m pip install --quiet torch==2.13.0 || python -m pip install --quiet "torch>=2.4"
+fi
 if ! python -c "import vanilla_transformer, datasets, accelerate, sacrebleu, matplotlib, tensorboard, onnxruntime, onnxscript" 2>/dev/null; then
-    python -m pip install --quiet --upgrade pip
-    python -m pip install --quiet --extra-index-url https://download.pytorch.org/whl/cpu -e ".[train,onnx]"
+    python -m pip install --quiet -e ".[train,onnx]"
 fi
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"  # the main job needs nothing from the Hub
 python scripts/main_job.py "$@"
