@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from huggingface_hub import ModelCard
 from transformers import AutoModelForSeq2SeqLM
 
 from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
@@ -65,6 +66,18 @@ def test_end_to_end(tmp_path, toy_data_dir, capsys):
     averaged = load_script("average_checkpoints").main(["--run_dir", str(run), "--num_checkpoints", "2",
                                                         "--output_dir", str(tmp_path / "avg")])  # fmt: skip
     assert AutoModelForSeq2SeqLM.from_pretrained(averaged).config.d_model == 32
+
+    # The run folder is what the Hub upload takes: its card reports the BLEU/chrF this run measured.
+    info = json.loads((run / "training_info.json").read_text())
+    assert (info["source_lang"], info["target_lang"], info["steps"]) == ("en", "de", 12)
+    hub = tmp_path / "hub"
+    assert (
+        load_script("push_to_hub").main(["--model", str(run), "--repo_id", "someone/toy", "--dry_run", str(hub)]) == 0
+    )
+    card = ModelCard.load(hub / "README.md")
+    measured = json.loads((run / "all_results.json").read_text())
+    bleu = next(r for r in card.data.eval_results if r.metric_type == "bleu")
+    assert bleu.metric_value == round(measured["test_bleu"], 2) and card.data.language == ["en", "de"]
 
 
 def test_missing_tokenizer_and_input_are_clear_errors(tmp_path, toy_data_dir, capsys):

@@ -267,9 +267,44 @@ def run_training(
             (Path(training_args.output_dir) / "test_predictions.txt").write_text("\n".join(hypotheses) + "\n")
     if trainer.is_world_process_zero():
         trainer.save_metrics("all", results, combined=False)
+        info = training_info(data_args, model_args, training_args, recipe, trainer, len(raw.get("train", [])))
+        (Path(training_args.output_dir) / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
         if plot:
             _plot_run(trainer, tokenizer, raw, training_args.output_dir)
     return results
+
+
+def training_info(data_args, model_args, training_args, recipe, trainer, train_pairs: int) -> dict[str, Any]:
+    """What the model card says about the run (`training_info.json` next to the model)."""
+    if data_args.dataset_name:
+        dataset = data_args.dataset_name + (
+            f"/{data_args.dataset_config_name}" if data_args.dataset_config_name else ""
+        )
+    elif data_args.train_file:
+        dataset = Path(data_args.train_file).parent.name or Path(data_args.train_file).name
+    else:
+        dataset = f"gettext-{data_args.source_lang}-{data_args.target_lang} (system translation catalogs)"
+    optimizer = trainer.optimizer
+    return {
+        "source_lang": data_args.source_lang,
+        "target_lang": data_args.target_lang,
+        "dataset": dataset,
+        "training pairs": train_pairs,
+        "preset": model_args.model_name_or_path or model_args.preset,
+        "paper recipe": recipe.paper_recipe,
+        "steps": trainer.state.global_step,
+        "learning rate schedule": recipe.lr_schedule,
+        "peak learning rate": training_args.learning_rate,
+        "warmup steps": training_args.warmup_steps,
+        "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+        "adam betas": [training_args.adam_beta1, training_args.adam_beta2],
+        "adam epsilon": training_args.adam_epsilon,
+        "label smoothing": training_args.label_smoothing_factor,
+        "tokens per batch (source and target, each)": recipe.max_tokens,
+        "gradient accumulation steps": training_args.gradient_accumulation_steps,
+        "evaluation beams": training_args.generation_num_beams,
+        "length penalty": recipe.length_penalty,
+    }
 
 
 def _plot_run(trainer: TranslationTrainer, tokenizer, raw, output_dir: str) -> None:

@@ -156,7 +156,7 @@ def export_graphs(model: nn.Module, output_dir: str | os.PathLike, opset: int = 
     encoder_path, decoder_path = output_dir / ENCODER_FILE, output_dir / DECODER_FILE
     with torch.no_grad():
         torch.onnx.export(
-            EncoderWithCrossKV(model),
+            EncoderWithCrossKV(model).eval(),
             encoder_args,
             encoder_path,
             dynamo=True,
@@ -167,7 +167,7 @@ def export_graphs(model: nn.Module, output_dir: str | os.PathLike, opset: int = 
             external_data=False,
         )
         torch.onnx.export(
-            DecoderStep(model),
+            DecoderStep(model).eval(),
             decoder_args,
             decoder_path,
             dynamo=True,
