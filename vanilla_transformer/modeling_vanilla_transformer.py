@@ -382,6 +382,19 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    def _reorder_cache(self, cache: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search: gather the self-attention keys/values of the surviving beams (`beam_idx`: (batch * beams,)).
+
+        The cross-attention keys/values are left in place: `generate()` repeats each source once per beam, so all
+        beams of a sentence hold the same rows, and `beam_idx` only picks beams of the same sentence; gathering them
+        (what `EncoderDecoderCache.reorder_cache` does) would copy identical rows every step.
+        """
+        if isinstance(cache, EncoderDecoderCache):
+            cache.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            cache.reorder_cache(beam_idx)
+        return cache
+
     @can_return_tuple
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
