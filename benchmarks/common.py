@@ -258,8 +258,14 @@ def marian_vocabulary(vocab_size: int = VOCAB_SIZE) -> list[str]:
     return tokens
 
 
+def vanilla_vocabulary(vocab_size: int = VOCAB_SIZE) -> list[str]:
+    """Token strings by id in this package's layout: <pad> = 0, <s> = 1, </s> = 2, <unk> = 3."""
+    return ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(4, vocab_size)]
+
+
 def build_word_tokenizer(tokens: list[str]):
-    """A whitespace word-level tokenizer over `tokens`: the converter of CTranslate2 reads the vocabulary from it."""
+    """A whitespace word-level tokenizer over `tokens`: CTranslate2's converter and the ONNX export folder read the
+    vocabulary from it (the benchmarks feed token ids, so its only job is to be there)."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
@@ -297,6 +303,8 @@ def prepare_artifacts(workdir: Path = DEFAULT_WORKDIR, with_onnx: bool = True, l
     if not (paths["vanilla"] / "config.json").exists():
         log(f"saving vanilla-transformer to {paths['vanilla']}")
         build_vanilla().save_pretrained(paths["vanilla"])
+    if not (paths["vanilla"] / "tokenizer.json").exists():
+        build_word_tokenizer(vanilla_vocabulary()).save_pretrained(paths["vanilla"])
     for quantization in ("fp32", "int8"):
         out = paths[f"ct2-{quantization}"]
         if not (out / "model.bin").exists():
@@ -335,10 +343,7 @@ def onnx_available() -> bool:
 def export_onnx(model_dir: Path, output_dir: Path, quantization: str) -> None:
     from vanilla_transformer.onnx_export import export_model
 
-    from vanilla_transformer import VanillaTransformerForConditionalGeneration
-
-    model = VanillaTransformerForConditionalGeneration.from_pretrained(model_dir).eval()
-    export_model(model, output_dir, quantize=None if quantization == "fp32" else quantization)
+    export_model(model_dir, output_dir, quantize=None if quantization == "fp32" else quantization)
 
 
 # --------------------------------------------------------------------------------------------------------------------
