@@ -71,6 +71,9 @@ def _check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, allow
         return
     if ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise ValueError(f"`{name}` must hold integer token ids, got dtype {ids.dtype}.")
+    low, high = torch.aminmax(ids)  # one pass; this check runs at every decoding step
+    if int(low) >= 0 and int(high) < vocab_size:
+        return
     valid = (ids >= 0) & (ids < vocab_size)
     if allow_ignore:
         valid |= ids == -100
