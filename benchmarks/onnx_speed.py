@@ -1,0 +1,146 @@
+"""PyTorch `generate()` vs onnxruntime fp32 vs onnxruntime int8, side by side, on CPU.
+
+    python benchmarks/onnx_speed.py                       # base-preset dims, random weights, 2 threads
+    python benchmarks/onnx_speed.py --model runs/demo --eval-tsv ../shared/data/gettext-en-de/test.tsv
+
+Cases: greedy at batch 1 and beam 4 at batch 16, a 24-token source, exactly 32 new tokens (EOS banned until then:
+`min_new_tokens = max_new_tokens`). Each figure is the best of `--repeats` runs after one warm-up. With `--model` and
+`--eval-tsv` it also reports the BLEU of the fp32 and int8 exports of that model (the int8 accuracy cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
+from vanilla_transformer.onnx_export import export_model  # noqa: E402
+from vanilla_transformer_ort import OrtTranslator  # noqa: E402
+
+CASES = [("greedy", 1, 1), ("beam 4", 4, 16)]  # (name, num_beams, batch)
+TARGETS = {"fp32": 2.0, "int8": 4.0}
+
+
+def random_base_model(folder: Path, vocab_size: int) -> None:
+    """Base-preset dimensions with random weights, plus a word-level tokenizer so the export is complete."""
+    torch.manual_seed(0)
+    config = VanillaTransformerConfig.from_preset("base", vocab_size=vocab_size)
+    VanillaTransformerForConditionalGeneration(config).save_pretrained(folder)
+    vocab = {token: i for i, token in enumerate(["<pad>", "<s>", "</s>", "<unk>"])}
+    vocab.update({f"w{i}": i for i in range(4, vocab_size)})
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>").save_pretrained(folder)
+
+
+def best_of(repeats: int, run, *args, **kwargs) -> tuple[float, np.ndarray]:
+    output = run(*args, **kwargs)  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        output = run(*args, **kwargs)
+        times.append(time.perf_counter() - start)
+    return min(times), output
+
+
+def source_batch(batch: int, length: int, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    input_ids = rng.integers(4, vocab_size, (batch, length), dtype=np.int64)
+    input_ids[:, -1] = 2  # </s>
+    return input_ids, np.ones_like(input_ids)
+
+
+def torch_generate(model, source: tuple[np.ndarray, np.ndarray], options: dict) -> np.ndarray:
+    with torch.no_grad():
+        input_ids, attention_mask = (torch.from_numpy(a) for a in source)
+        return model.generate(input_ids=input_ids, attention_mask=attention_mask, **options).numpy()
+
+
+def agreement(reference: np.ndarray, other: np.ndarray) -> str:
+    if reference.shape == other.shape and np.array_equal(reference, other):
+        return "identical"
+    if reference.shape != other.shape:
+        return f"shapes {reference.shape} vs {other.shape}"
+    return f"{np.mean(reference == other):.1%} of tokens"
+
+
+def bleu_change(model_dir: Path, folders: dict[str, Path], tsv: Path, limit: int, threads: int) -> None:
+    import sacrebleu
+
+    rows = [line.rstrip("\n").split("\t") for line in tsv.read_text(encoding="utf-8").splitlines()[1 : limit + 1]]
+    sources, references = [r[0] for r in rows], [r[1] for r in rows]
+    for name, folder in folders.items():
+        translator = OrtTranslator(folder, provider="cpu", intra_op_num_threads=threads)
+        hypotheses = []
+        for start in range(0, len(sources), 32):
+            hypotheses += translator.translate(sources[start : start + 32], num_beams=4)
+        score = sacrebleu.corpus_bleu(hypotheses, [references]).score
+        print(f"BLEU {name:5s} {score:6.2f}  ({len(sources)} sentences, beam 4)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=None, help="trained model folder (default: random base)")
+    parser.add_argument("--work-dir", type=Path, default=None, help="where exports go (default: a temp dir)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--source-len", type=int, default=24)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--vocab-size", type=int, default=32000)
+    parser.add_argument("--eval-tsv", type=Path, default=None, help="source<TAB>reference file for the BLEU change")
+    parser.add_argument("--eval-limit", type=int, default=300)
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="onnx-speed-"))
+    model_dir = args.model
+    if model_dir is None:
+        model_dir = work / "model"
+        if not (model_dir / "config.json").is_file():
+            random_base_model(model_dir, args.vocab_size)
+    folders = {"fp32": work / "onnx-fp32", "int8": work / "onnx-int8"}
+    for name, folder in folders.items():
+        if not (folder / "decoder_model.onnx").is_file():
+            start = time.perf_counter()
+            export_model(model_dir, folder, quantize="int8" if name == "int8" else None)
+            print(f"exported {name} in {time.perf_counter() - start:.0f} s")
+        sizes = {p.name: p.stat().st_size / 2**20 for p in folder.glob("*.onnx")}
+        print(f"{name}: " + ", ".join(f"{k} {v:.1f} MiB" for k, v in sorted(sizes.items())))
+
+    model = VanillaTransformerForConditionalGeneration.from_pretrained(model_dir).eval()
+    translators = {n: OrtTranslator(f, provider="cpu", intra_op_num_threads=args.threads) for n, f in folders.items()}
+    config = model.config
+    print(
+        f"\nd_model {config.d_model}, {config.encoder_layers}+{config.decoder_layers} layers, "
+        f"vocab {config.vocab_size}; {args.threads} threads; source {args.source_len}; {args.new_tokens} new tokens"
+    )
+    header = f"{'case':18s} {'PyTorch':>10s} {'ORT fp32':>10s} {'speedup':>8s} {'ORT int8':>10s} {'speedup':>8s}"
+    print(header + "  fp32 tokens == PyTorch   int8 tokens == fp32")
+    for name, num_beams, batch in CASES:
+        source = source_batch(batch, args.source_len, config.vocab_size)
+        options = {"num_beams": num_beams, "max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens}
+        torch_s, torch_out = best_of(args.repeats, torch_generate, model, source, options)
+        fp32_s, fp32_out = best_of(args.repeats, translators["fp32"].generate, *source, **options)
+        int8_s, int8_out = best_of(args.repeats, translators["int8"].generate, *source, **options)
+        print(
+            f"{name + f' batch {batch}':18s} {torch_s * 1e3:8.0f}ms {fp32_s * 1e3:8.0f}ms {torch_s / fp32_s:7.2f}x "
+            f"{int8_s * 1e3:8.0f}ms {torch_s / int8_s:7.2f}x  {agreement(torch_out, fp32_out):22s}  "
+            f"{agreement(fp32_out, int8_out)}"
+        )
+    print(f"targets: ORT fp32 >= {TARGETS['fp32']:.0f}x, ORT int8 >= {TARGETS['int8']:.0f}x PyTorch generate()")
+    if args.eval_tsv is not None:
+        bleu_change(model_dir, folders, args.eval_tsv, args.eval_limit, args.threads)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""ONNX export: onnxruntime against PyTorch on a shape grid, graph names and dynamic dims, fp16/int8 variants, CLI."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from tests.onnx_helpers import CONFIG, load_trained_model, trained_export_dir, trained_model_dir
+from vanilla_transformer.onnx_export import (
+    DECODER_FILE,
+    ENCODER_FILE,
+    FP32_TOLERANCE,
+    MANIFEST_FILE,
+    decoder_input_names,
+    decoder_output_names,
+    encoder_output_names,
+    export_model,
+    optimize_variant,
+)
+from vanilla_transformer.onnx_validation import GridCase, validate_export, validation_grid
+
+REPO = Path(__file__).resolve().parents[1]
+LAYERS = CONFIG["decoder_layers"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_trained_model()
+
+
+@pytest.fixture(scope="module")
+def export_dir() -> Path:
+    return trained_export_dir()
+
+
+def test_grid_covers_the_required_shapes():
+    grid = validation_grid(CONFIG["max_position_embeddings"])
+    assert any(c.batch > 1 and c.padded for c in grid)
+    assert {c.past_len > 0 for c in grid} == {True, False}
+    assert {c.target_len > 1 for c in grid} == {True, False}
+    assert any(c.source_len > 12 and c.past_len + c.target_len > 12 for c in grid)
+
+
+def test_fp32_matches_pytorch_on_the_grid(model, export_dir):
+    summary = validate_export(model, export_dir)
+    print({k: v for k, v in summary.items() if k != "cases"})
+    assert len(summary["cases"]) == len(validation_grid(CONFIG["max_position_embeddings"]))
+    for kind in ("encoder", "logits", "present"):
+        assert summary[kind] < FP32_TOLERANCE, (kind, summary)
+
+
+def test_validation_detects_a_different_model(export_dir):
+    other = load_trained_model()
+    with torch.no_grad():
+        other.lm_head.weight.mul_(1.5)  # tied: embedding and output projection both change
+    summary = validate_export(other, export_dir, grid=[GridCase(2, 6, 2, 3, True)])
+    assert summary["logits"] > 1e-2
+
+
+@torch.no_grad()
+def test_step_by_step_decoding_matches_teacher_forced_forward(model, export_dir):
+    """Independent of the cache: ORT one token at a time from an empty past == one full PyTorch forward."""
+    input_ids = torch.tensor([[4, 5, 6, 7, 8, 2, 0], [9, 10, 2, 0, 0, 0, 0], [11, 12, 13, 14, 15, 16, 2]])
+    attention_mask = (input_ids != 0).long()
+    decoder_ids = torch.tensor([[1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]] * 3)  # 14 > max positions
+    expected = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_ids).logits
+
+    encoder = ort.InferenceSession(str(export_dir / ENCODER_FILE), providers=["CPUExecutionProvider"])
+    decoder = ort.InferenceSession(str(export_dir / DECODER_FILE), providers=["CPUExecutionProvider"])
+    source = {"input_ids": input_ids.numpy(), "attention_mask": attention_mask.numpy()}
+    enc = dict(zip(encoder_output_names(LAYERS), encoder.run(None, source), strict=True))
+    heads, d_head = CONFIG["decoder_attention_heads"], CONFIG["d_model"] // CONFIG["decoder_attention_heads"]
+    past = {n: np.zeros((3, heads, 0, d_head), np.float32) for n in decoder_input_names(LAYERS) if ".decoder." in n}
+    cross = {n.replace("present", "past_key_values"): v for n, v in enc.items() if ".encoder." in n}
+    steps = []
+    # a 3-token prefill, then single tokens
+    for start, stop in [(0, 3)] + [(t, t + 1) for t in range(3, decoder_ids.shape[1])]:
+        feed = {"input_ids": decoder_ids[:, start:stop].numpy(), "encoder_attention_mask": attention_mask.numpy()}
+        outputs = dict(zip(decoder_output_names(LAYERS), decoder.run(None, {**feed, **past, **cross}), strict=True))
+        past = {n.replace("present", "past_key_values"): v for n, v in outputs.items() if n != "logits"}
+        steps.append(outputs["logits"])
+    actual = np.concatenate(steps, axis=1)
+    assert actual.shape == tuple(expected.shape)
+    np.testing.assert_allclose(actual, expected.numpy(), atol=FP32_TOLERANCE, rtol=0)
+
+
+def test_graph_names_and_dynamic_dimensions(export_dir):
+    encoder = onnx.load(str(export_dir / ENCODER_FILE), load_external_data=False).graph
+    decoder = onnx.load(str(export_dir / DECODER_FILE), load_external_data=False).graph
+    assert [i.name for i in encoder.input] == ["input_ids", "attention_mask"]
+    assert [o.name for o in encoder.output] == encoder_output_names(LAYERS)
+    assert [i.name for i in decoder.input] == decoder_input_names(LAYERS)
+    assert [o.name for o in decoder.output] == decoder_output_names(LAYERS)
+    assert "present.2.encoder.value" in encoder_output_names(LAYERS)
+    assert "past_key_values.0.decoder.key" in decoder_input_names(LAYERS)
+    for value in list(encoder.input) + list(decoder.input):  # batch and every length are symbolic
+        dims = value.type.tensor_type.shape.dim
+        dynamic = [d.dim_param for d in dims if d.dim_param]
+        assert len(dynamic) == 2, (value.name, dims)  # (batch, len) or (batch, heads, len, d_head)
+        if ".decoder." in value.name:
+            assert dims[1].dim_value == CONFIG["decoder_attention_heads"]
+            assert dims[3].dim_value == CONFIG["d_model"] // CONFIG["decoder_attention_heads"]
+
+
+def test_export_folder_is_self_contained(export_dir):
+    for name in (ENCODER_FILE, DECODER_FILE, "config.json", "generation_config.json", "tokenizer.json", MANIFEST_FILE):
+        assert (export_dir / name).is_file(), name
+    manifest = json.loads((export_dir / MANIFEST_FILE).read_text())
+    assert manifest["dtype"] == "fp32" and manifest["quantization"] is None and manifest["opset"] == 20
+    assert manifest["decoder_layers"] == LAYERS
+    assert manifest["files"][DECODER_FILE] == (export_dir / DECODER_FILE).stat().st_size
+    io = manifest["graphs"][DECODER_FILE]
+    assert [i["name"] for i in io["inputs"]] == decoder_input_names(LAYERS)
+    assert io["inputs"][2]["dtype"] == "FLOAT" and io["inputs"][0]["dtype"] == "INT64"
+    assert manifest["validation"]["fp32"]["logits"] < FP32_TOLERANCE
+
+
+def _variant(export_dir: Path, tmp_path: Path, dtype: str, quantize: str | None) -> Path:
+    target = tmp_path / f"{dtype}-{quantize}"
+    shutil.copytree(export_dir, target)
+    optimize_variant(target, dtype, quantize)
+    return target
+
+
+def test_fp16_variant_runs_close_to_pytorch(model, export_dir, tmp_path):
+    folder = _variant(export_dir, tmp_path, "fp16", None)
+    decoder = onnx.load(str(folder / DECODER_FILE)).graph
+    assert decoder.input[2].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16  # KV cache in fp16
+    assert decoder.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    summary = validate_export(model, folder)
+    print({k: v for k, v in summary.items() if k != "cases"})
+    assert summary["logits"] < 2e-2 and summary["present"] < 5e-2
+    matrices = [i for i in decoder.initializer if len(i.dims) == 2]  # the weights: all stored in fp16
+    assert matrices and all(i.data_type == onnx.TensorProto.FLOAT16 for i in matrices)
+
+
+def test_int8_variant_has_its_own_output_projection_and_runs(model, export_dir, tmp_path):
+    folder = _variant(export_dir, tmp_path, "fp32", "int8")
+    graph = onnx.load(str(folder / DECODER_FILE)).graph
+    assert any(n.op_type in ("DynamicQuantizeLinear", "MatMulInteger") for n in graph.node)
+    producers = {out: node for node in graph.node for out in node.output}
+    # logits come from a quantized matmul whose weight is not shared with the embedding lookup
+    initializers = {i.name for i in graph.initializer}
+    lookup_tables = {n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in initializers}
+    node, weights = producers["logits"], set()
+    for _ in range(6):
+        weights |= {i for i in node.input if i in initializers}
+        node = next((producers[i] for i in node.input if i in producers and producers[i].op_type != "Shape"), None)
+        if node is None:
+            break
+    assert weights and not weights & lookup_tables
+    summary = validate_export(model, folder)
+    print({k: v for k, v in summary.items() if k != "cases"})
+    assert summary["logits"] < 0.5
+    assert (folder / DECODER_FILE).stat().st_size < (export_dir / DECODER_FILE).stat().st_size
+
+
+def test_export_rejects_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="dtype"):
+        export_model(trained_model_dir(), tmp_path / "a", dtype="bf16")
+    with pytest.raises(ValueError, match="fp16"):
+        export_model(trained_model_dir(), tmp_path / "b", dtype="fp16", quantize="int8")
+    with pytest.raises(ValueError, match="config.json"):
+        export_model(tmp_path, tmp_path / "c")
+    no_tokenizer = tmp_path / "model"
+    shutil.copytree(trained_model_dir(), no_tokenizer)
+    (no_tokenizer / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match="tokenizer.json"):
+        export_model(no_tokenizer, tmp_path / "d")
+
+
+def test_cli_help():
+    result = subprocess.run(
+        [sys.executable, str(REPO / "export/export_onnx.py"), "--help"], capture_output=True, text=True, check=True
+    )
+    assert "--quantize" in result.stdout and "--validate" in result.stdout
+
+
+@pytest.mark.slow
+def test_cli_int8_export_end_to_end(tmp_path):
+    output = tmp_path / "int8"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "export/export_onnx.py"), "--model", str(trained_model_dir()), "--output",
+         str(output), "--quantize", "int8", "--validate"],
+        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "max |onnxruntime - PyTorch| fp32" in result.stdout and "MiB" in result.stdout
+    manifest = json.loads((output / MANIFEST_FILE).read_text())
+    assert manifest["quantization"] == "int8-dynamic"

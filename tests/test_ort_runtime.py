@@ -1,0 +1,177 @@
+"""The torch-free runtime: token-identical to `generate()` (greedy, beam 4) on a padded batch, text in / text out,
+a process where torch cannot be imported, and clear errors for bad folders, providers and inputs."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from tests.onnx_helpers import SENTENCES, build_tokenizer, load_trained_model, trained_export_dir
+from vanilla_transformer_ort import OrtTranslator
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_trained_model()
+
+
+@pytest.fixture(scope="module")
+def translator() -> OrtTranslator:
+    return OrtTranslator(trained_export_dir(), provider="cpu", intra_op_num_threads=1)
+
+
+@pytest.fixture(scope="module")
+def batch():
+    encoded = build_tokenizer()(SENTENCES, return_tensors="pt", padding=True)
+    assert (encoded["attention_mask"] == 0).any()  # the batch is padded
+    return encoded["input_ids"], encoded["attention_mask"]
+
+
+def _generate(model, batch, **kwargs) -> np.ndarray:
+    with torch.no_grad():
+        return model.generate(input_ids=batch[0], attention_mask=batch[1], **kwargs).numpy()
+
+
+def test_outputs_have_varied_lengths(model, batch):
+    """Guards the comparisons below: rows finish at different steps, so EOS handling is exercised."""
+    output = _generate(model, batch, max_new_tokens=15)
+    lengths = {int((row == 2).argmax()) for row in output if (row == 2).any()}
+    assert len(lengths) >= 3, output
+
+
+@pytest.mark.parametrize("max_new_tokens", [3, 15])
+def test_greedy_is_token_identical_to_generate(model, translator, batch, max_new_tokens):
+    expected = _generate(model, batch, max_new_tokens=max_new_tokens)
+    actual = translator.generate(batch[0].numpy(), batch[1].numpy(), max_new_tokens=max_new_tokens)
+    np.testing.assert_array_equal(actual, expected)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_new_tokens": 15},
+        {"max_new_tokens": 15, "length_penalty": 0.6, "early_stopping": True},
+        {"max_new_tokens": 6, "length_penalty": 2.0, "early_stopping": "never"},
+        {"max_new_tokens": 15, "length_penalty": -1.0, "min_new_tokens": 4},
+    ],
+)
+def test_beam4_is_token_identical_to_generate(model, translator, batch, options):
+    expected = _generate(model, batch, num_beams=4, **options)
+    actual = translator.generate(batch[0].numpy(), batch[1].numpy(), num_beams=4, **options)
+    np.testing.assert_array_equal(actual, expected)
+
+
+def test_io_binding_path_is_token_identical(model, batch):
+    """The path CUDA uses (cache kept in onnxruntime values, beam reordering), run here on the CPU device."""
+    bound = OrtTranslator(trained_export_dir(), provider="cpu", use_io_binding=True)
+    for num_beams in (1, 4):
+        expected = _generate(model, batch, num_beams=num_beams, max_new_tokens=15)
+        actual = bound.generate(batch[0].numpy(), batch[1].numpy(), num_beams=num_beams, max_new_tokens=15)
+        np.testing.assert_array_equal(actual, expected)
+
+
+def test_defaults_come_from_generation_config(model, batch, tmp_path):
+    folder = tmp_path / "export"
+    shutil.copytree(trained_export_dir(), folder)
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "num_beams": 4, "max_length": 9}))
+    expected = _generate(model, batch, num_beams=4, max_length=9)
+    actual = OrtTranslator(folder, provider="cpu").generate(batch[0].numpy(), batch[1].numpy())
+    np.testing.assert_array_equal(actual, expected)
+
+
+def test_translate_text_matches_pytorch(model, translator):
+    tokenizer = build_tokenizer()
+    encoded = tokenizer(SENTENCES, return_tensors="pt", padding=True)
+    input_ids, attention_mask = translator.encode(SENTENCES)
+    np.testing.assert_array_equal(input_ids, encoded["input_ids"].numpy())
+    np.testing.assert_array_equal(attention_mask, encoded["attention_mask"].numpy())
+    for num_beams in (1, 4):
+        with torch.no_grad():
+            output = model.generate(**encoded, num_beams=num_beams, max_new_tokens=15)
+        expected = tokenizer.batch_decode(output, skip_special_tokens=True)
+        assert translator.translate(SENTENCES, num_beams=num_beams, max_new_tokens=15) == expected
+
+
+def test_runs_where_torch_cannot_be_imported(translator):
+    """A deployment image has onnxruntime, numpy and tokenizers only."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from vanilla_transformer_ort import OrtTranslator\n"
+        f"t = OrtTranslator({str(trained_export_dir())!r}, provider='cpu')\n"
+        f"out = t.translate({SENTENCES!r}, num_beams=4, max_new_tokens=15)\n"
+        "assert not any(m == 'torch' or m.startswith(('torch.', 'vanilla_transformer.', 'transformers'))"
+        " for m, v in sys.modules.items() if v is not None)\n"
+        "print(repr(out))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = translator.translate(SENTENCES, num_beams=4, max_new_tokens=15)
+    assert result.stdout.strip() == repr(expected)
+
+
+def test_cli_translates_without_torch():
+    argv = ["translate_onnx.py", str(trained_export_dir()), "a b c"]
+    script = f"import sys, runpy; sys.modules['torch'] = None; sys.argv = {argv!r}"
+    code = f"{script}; runpy.run_path({str(REPO / 'scripts/translate_onnx.py')!r}, run_name='__main__')"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == OrtTranslator(trained_export_dir(), provider="cpu").translate(["a b c"])[0]
+
+
+@pytest.mark.parametrize("missing", ["encoder_model.onnx", "decoder_model.onnx", "tokenizer.json"])
+def test_folder_missing_a_file_names_it(tmp_path, missing):
+    folder = tmp_path / "export"
+    shutil.copytree(trained_export_dir(), folder)
+    (folder / missing).unlink()
+    with pytest.raises(ValueError, match=missing.replace(".", r"\.")):
+        OrtTranslator(folder)
+    with pytest.raises(ValueError, match="does not exist"):
+        OrtTranslator(tmp_path / "nowhere")
+
+
+def test_bad_provider_names_the_problem():
+    with pytest.raises(ValueError, match="Unknown provider 'tpu'"):
+        OrtTranslator(trained_export_dir(), provider="tpu")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        with pytest.raises(ValueError, match="onnxruntime-gpu"):
+            OrtTranslator(trained_export_dir(), provider="cuda")
+
+
+def test_bad_inputs_name_the_problem(translator, batch):
+    ids, mask = batch[0].numpy(), batch[1].numpy()
+    with pytest.raises(ValueError, match="input_ids must be an integer array, got dtype float32"):
+        translator.generate(ids.astype(np.float32), mask)
+    with pytest.raises(ValueError, match="input_ids must have rank 2"):
+        translator.generate(ids[0], mask[0])
+    with pytest.raises(ValueError, match="attention_mask must have rank 2"):
+        translator.generate(ids, mask[None])
+    with pytest.raises(ValueError, match="attention_mask shape"):
+        translator.generate(ids, mask[:, :-1])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        translator.generate(ids + 100, mask)
+    with pytest.raises(ValueError, match="Unknown generation options"):
+        translator.generate(ids, mask, beams=4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        translator.generate(ids, mask, max_new_tokens=0)
+    with pytest.raises(ValueError, match="list of strings"):
+        translator.translate("a b c")
+
+
+def test_unsupported_generation_config_is_refused(tmp_path):
+    folder = tmp_path / "export"
+    shutil.copytree(trained_export_dir(), folder)
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "no_repeat_ngram_size": 3}))
+    with pytest.raises(ValueError, match="no_repeat_ngram_size"):
+        OrtTranslator(folder)

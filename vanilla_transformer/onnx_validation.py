@@ -1,0 +1,150 @@
+"""Validation of an ONNX export against PyTorch on a grid of shapes (batch, lengths, past, padding).
+
+The oracle is the model's own encoder and cached decoder; the checked path is the deployed one: the encoder graph,
+then the decoder graph fed the oracle's past. fp16 and int8 graphs run through the same code (fp16 I/O handled).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import DynamicCache, EncoderDecoderCache
+
+from .onnx_export import DECODER_FILE, ENCODER_FILE
+
+
+@dataclass(frozen=True)
+class GridCase:
+    """One validation shape: batch, source length, new decoder tokens, past length, padded source rows."""
+
+    batch: int
+    source_len: int
+    target_len: int
+    past_len: int
+    padded: bool
+
+
+def validation_grid(max_positions: int) -> list[GridCase]:
+    """Batch > 1 with padding, past 0 and > 0, one and several new tokens, lengths beyond `max_positions`."""
+    return [
+        GridCase(1, 5, 1, 0, False),
+        GridCase(3, 11, 1, 0, True),
+        GridCase(3, 11, 1, 6, True),
+        GridCase(2, 4, 3, 2, False),
+        GridCase(2, 7, 4, 0, True),
+        GridCase(1, 9, 1, 4, False),
+        GridCase(2, max_positions + 3, 2, max_positions + 1, True),
+    ]
+
+
+def _case_inputs(case: GridCase, vocab_size: int, seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(4, vocab_size, (case.batch, case.source_len), generator=generator)
+    mask = torch.ones(case.batch, case.source_len, dtype=torch.int64)
+    if case.padded:
+        for row in range(1, case.batch):  # right padding of different lengths; row 0 stays full
+            keep = max(1, case.source_len - 2 * row)
+            mask[row, keep:] = 0
+            input_ids[row, keep:] = 0
+    prefix = torch.randint(4, vocab_size, (case.batch, case.past_len), generator=generator)
+    new_ids = torch.randint(4, vocab_size, (case.batch, case.target_len), generator=generator)
+    return {"input_ids": input_ids, "attention_mask": mask, "prefix": prefix, "new_ids": new_ids}
+
+
+@torch.no_grad()
+def _reference(model: nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """PyTorch oracle: the model's own encoder and cached decoder path (no wrapper involved)."""
+    config = model.config
+    encoder_states = model.model.encoder(
+        input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], return_dict=True
+    ).last_hidden_state
+    cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+    decoder_kwargs = {
+        "encoder_hidden_states": encoder_states,
+        "encoder_attention_mask": inputs["attention_mask"],
+        "use_cache": True,
+        "return_dict": True,
+    }
+    past: list[np.ndarray] = []
+    if inputs["prefix"].shape[1] > 0:
+        cache = model.model.decoder(input_ids=inputs["prefix"], cache=cache, **decoder_kwargs).cache
+        for layer in cache.self_attention_cache.layers:
+            past += [layer.keys.numpy().copy(), layer.values.numpy().copy()]
+    outputs = model.model.decoder(input_ids=inputs["new_ids"], cache=cache, **decoder_kwargs)
+    result = {"last_hidden_state": encoder_states.numpy(), "logits": model.lm_head(outputs.last_hidden_state).numpy()}
+    for i in range(config.decoder_layers):
+        cross = outputs.cache.cross_attention_cache.layers[i]
+        own = outputs.cache.self_attention_cache.layers[i]
+        result[f"present.{i}.encoder.key"], result[f"present.{i}.encoder.value"] = (
+            cross.keys.numpy(),
+            cross.values.numpy(),
+        )
+        result[f"present.{i}.decoder.key"], result[f"present.{i}.decoder.value"] = own.keys.numpy(), own.values.numpy()
+        if past:
+            result[f"past_key_values.{i}.decoder.key"] = past[2 * i]
+            result[f"past_key_values.{i}.decoder.value"] = past[2 * i + 1]
+    return result
+
+
+def _float_type(session, name: str) -> type:
+    kind = next(i.type for i in session.get_inputs() if i.name == name)
+    return np.float16 if kind == "tensor(float16)" else np.float32
+
+
+def _run_onnx(encoder, decoder, config, inputs: dict[str, torch.Tensor], reference: dict) -> dict[str, np.ndarray]:
+    """The deployed path: encoder graph once, then the decoder graph on the reference past."""
+    enc_names = [o.name for o in encoder.get_outputs()]
+    enc_feed = {k: inputs[k].numpy() for k in ("input_ids", "attention_mask")}
+    enc_out = dict(zip(enc_names, encoder.run(None, enc_feed), strict=True))
+    heads = config.decoder_attention_heads
+    d_head = config.d_model // heads
+    batch, past_len = inputs["prefix"].shape
+    feed = {"input_ids": inputs["new_ids"].numpy(), "encoder_attention_mask": inputs["attention_mask"].numpy()}
+    for i in range(config.decoder_layers):
+        for kind in ("key", "value"):
+            name = f"past_key_values.{i}.decoder.{kind}"
+            dtype = _float_type(decoder, name)
+            empty = np.zeros((batch, heads, 0, d_head), dtype=dtype)
+            feed[name] = reference[name].astype(dtype) if past_len else empty
+            feed[f"past_key_values.{i}.encoder.{kind}"] = enc_out[f"present.{i}.encoder.{kind}"]
+    dec_names = [o.name for o in decoder.get_outputs()]
+    return {**enc_out, **dict(zip(dec_names, decoder.run(None, feed), strict=True))}
+
+
+def validate_export(model: nn.Module, output_dir: str | os.PathLike, grid: list[GridCase] | None = None) -> dict:
+    """Compare onnxruntime (CPU) with PyTorch over a shape grid; returns max abs differences per output kind.
+
+    Returns a dict with `encoder` (hidden state and cross K/V), `logits`, `present` and per-case rows.
+    """
+    import onnxruntime as ort
+
+    model = model.eval()
+    config = model.config
+    grid = grid or validation_grid(config.max_position_embeddings)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    output_dir = Path(output_dir)
+    encoder = ort.InferenceSession(str(output_dir / ENCODER_FILE), options, providers=["CPUExecutionProvider"])
+    decoder = ort.InferenceSession(str(output_dir / DECODER_FILE), options, providers=["CPUExecutionProvider"])
+    summary = {"encoder": 0.0, "logits": 0.0, "present": 0.0, "cases": []}
+    for seed, case in enumerate(grid):
+        inputs = _case_inputs(case, config.vocab_size, seed)
+        reference = _reference(model, inputs)
+        actual = _run_onnx(encoder, decoder, config, inputs, reference)
+        row = {"encoder": 0.0, "logits": 0.0, "present": 0.0}
+        for name, value in actual.items():
+            got = value.astype(np.float32)
+            if not np.all(np.isfinite(got)):
+                raise ValueError(f"ONNX output {name!r} has non-finite values for {case}")
+            diff = float(np.max(np.abs(got - reference[name]))) if got.size else 0.0
+            kind = "logits" if name == "logits" else "present" if ".decoder." in name else "encoder"
+            row[kind] = max(row[kind], diff)
+        for kind in ("encoder", "logits", "present"):
+            summary[kind] = max(summary[kind], row[kind])
+        summary["cases"].append({**case.__dict__, **row})
+    return summary

@@ -1,0 +1,16 @@
+"""Torch-free inference for exported vanilla-transformer models: onnxruntime, numpy and tokenizers only.
+
+A separate top-level package on purpose: `import vanilla_transformer` imports torch, this one never does.
+"""
+
+from .runtime import OrtTranslator, resolve_provider, settings_from_folder
+from .search import GenerationSettings, beam_search, greedy_search
+
+__all__ = [
+    "GenerationSettings",
+    "OrtTranslator",
+    "beam_search",
+    "greedy_search",
+    "resolve_provider",
+    "settings_from_folder",
+]

@@ -1,0 +1,313 @@
+"""`OrtTranslator`: load an exported folder with onnxruntime and translate (numpy + tokenizers only, no torch).
+
+Graph names and shapes: export/README.md. The encoder runs once per batch and hands every decoder layer's
+cross-attention K/V to the decoder; the decoder graph runs once per generated token.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+
+from .search import DecoderState, GenerationSettings, beam_search, greedy_search
+
+logger = logging.getLogger(__name__)
+
+ENCODER_FILE = "encoder_model.onnx"
+DECODER_FILE = "decoder_model.onnx"
+MANIFEST_FILE = "onnx_manifest.json"
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+# Generation options that change outputs but are not implemented here: refuse them instead of ignoring them.
+UNSUPPORTED_GENERATION = {
+    "do_sample": False,
+    "num_return_sequences": 1,
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "forced_bos_token_id": None,
+    "num_beam_groups": 1,
+    "diversity_penalty": 0.0,
+}
+
+
+def resolve_provider(provider: str) -> str:
+    """'auto', 'cpu', 'cuda' (or a full EP name) -> the execution provider to ask for."""
+    import onnxruntime as ort
+
+    aliases = {**PROVIDERS, **{v.lower(): v for v in PROVIDERS.values()}}
+    available = ort.get_available_providers()
+    key = provider.lower()
+    if key == "auto":
+        return PROVIDERS["cuda"] if PROVIDERS["cuda"] in available else PROVIDERS["cpu"]
+    if key not in aliases:
+        raise ValueError(f"Unknown provider {provider!r}: expected 'auto', 'cpu' or 'cuda'")
+    name = aliases[key]
+    if name not in available:
+        raise ValueError(
+            f"Provider {provider!r} is not available in this onnxruntime build (available: {available}); "
+            "for CUDA install the package's `gpu` extra (onnxruntime-gpu) in an environment without onnxruntime"
+        )
+    return name
+
+
+def session_options(intra_op_num_threads: int):
+    """Explicit threads (the default spins on every core) and all graph optimizations."""
+    import onnxruntime as ort
+
+    if intra_op_num_threads < 1:
+        raise ValueError(f"intra_op_num_threads must be >= 1, got {intra_op_num_threads}")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_num_threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return options
+
+
+def settings_from_folder(folder: Path) -> GenerationSettings:
+    """Generation defaults from `generation_config.json` and `config.json`, as transformers resolves them."""
+    config = json.loads((folder / "config.json").read_text())
+    generation = {}
+    if (folder / "generation_config.json").is_file():
+        generation = json.loads((folder / "generation_config.json").read_text())
+    for key, default in UNSUPPORTED_GENERATION.items():
+        if generation.get(key, default) not in (default, None):
+            raise ValueError(f"generation_config.json sets {key}={generation[key]!r}, which this runtime does not do")
+
+    def pick(key: str, fallback=None):
+        value = generation.get(key)
+        return config.get(key, fallback) if value is None else value
+
+    eos = pick("eos_token_id")
+    eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    start = pick("decoder_start_token_id", pick("bos_token_id"))
+    if start is None:
+        raise ValueError(f"{folder}: no decoder_start_token_id in config.json or generation_config.json")
+    max_new = generation.get("max_new_tokens") or generation.get("max_length", 20) - 1
+    min_new = generation.get("min_new_tokens") or max(generation.get("min_length", 0) - 1, 0)
+    return GenerationSettings(
+        decoder_start_token_id=start,
+        eos_token_ids=eos_ids,
+        pad_token_id=pick("pad_token_id"),
+        max_new_tokens=max_new,
+        min_new_tokens=min_new,
+        num_beams=generation.get("num_beams", 1),
+        length_penalty=generation.get("length_penalty", 1.0),
+        early_stopping=generation.get("early_stopping", False),
+        forced_eos_token_id=generation.get("forced_eos_token_id"),
+    )
+
+
+def check_token_array(name: str, array: np.ndarray) -> np.ndarray:
+    """Integer array of rank 2 -> int64; raises ValueError naming the problem otherwise."""
+    array = np.asarray(array)
+    if array.ndim != 2:
+        raise ValueError(f"{name} must have rank 2 (batch, sequence), got shape {array.shape}")
+    if not np.issubdtype(array.dtype, np.integer) and array.dtype != np.bool_:
+        raise ValueError(f"{name} must be an integer array, got dtype {array.dtype}")
+    if array.shape[0] == 0 or array.shape[1] == 0:
+        raise ValueError(f"{name} must be non-empty, got shape {array.shape}")
+    return array.astype(np.int64, copy=False)
+
+
+class _NumpyState:
+    """Decoder cache held as numpy arrays; the runtime feeds them every step (CPU provider)."""
+
+    def __init__(self, session, cross: dict[str, np.ndarray], mask: np.ndarray, past: dict[str, np.ndarray]):
+        self.session, self.cross, self.mask, self.past = session, cross, mask, past
+        self.output_names = [o.name for o in session.get_outputs()]
+
+    def step(self, last_tokens: np.ndarray) -> np.ndarray:
+        feed = {"input_ids": last_tokens, "encoder_attention_mask": self.mask, **self.cross, **self.past}
+        outputs = dict(zip(self.output_names, self.session.run(None, feed), strict=True))
+        self.past = {
+            name.replace("present.", "past_key_values.", 1): v for name, v in outputs.items() if name != "logits"
+        }
+        return outputs["logits"][:, -1, :].astype(np.float32)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.past = {name: value[rows] for name, value in self.past.items()}
+
+
+class _BoundState:
+    """Decoder cache kept on the device through I/O binding: presents of one step are the next step's past.
+
+    Only the logits come back to the host each step. Beam reordering gathers the cache rows on the host
+    (the graph has no gather input), so beam search pays one cache round trip per step; greedy pays none.
+    """
+
+    def __init__(self, session, cross: dict[str, np.ndarray], mask: np.ndarray, past: dict[str, np.ndarray], device):
+        import onnxruntime as ort
+
+        self.ort, self.session, self.device = ort, session, device
+        self.binding = session.io_binding()
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.on_device = {name: self._upload(value) for name, value in {**cross, **past}.items()}
+        self.on_device["encoder_attention_mask"] = self._upload(mask)
+
+    def _upload(self, array: np.ndarray):
+        return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device, 0)
+
+    def step(self, last_tokens: np.ndarray) -> np.ndarray:
+        binding = self.binding
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(last_tokens))
+        for name, value in self.on_device.items():
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output("logits", "cpu")
+        for name in self.output_names[1:]:
+            binding.bind_output(name, self.device, 0)
+        self.session.run_with_iobinding(binding)
+        outputs = binding.get_outputs()
+        for name, value in zip(self.output_names[1:], outputs[1:], strict=True):
+            self.on_device[name.replace("present.", "past_key_values.", 1)] = value
+        return outputs[0].numpy()[:, -1, :].astype(np.float32)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        names = [n.replace("present.", "past_key_values.", 1) for n in self.output_names[1:]]
+        if self.device == "cpu":
+            host = [self.on_device[name].numpy() for name in names]
+        else:
+            host = self.binding.copy_outputs_to_cpu()[1:]
+        for name, value in zip(names, host, strict=True):
+            self.on_device[name] = self._upload(value[rows])
+
+
+class OrtTranslator:
+    """Translate with an exported folder (see `vanilla_transformer.onnx_export.export_model`) on onnxruntime.
+
+    Args:
+        folder: export folder with `encoder_model.onnx`, `decoder_model.onnx`, `config.json`, `tokenizer.json`.
+        provider: "auto" (CUDA when onnxruntime-gpu and a GPU are present, else CPU), "cpu" or "cuda".
+        intra_op_num_threads: threads per operator; set it explicitly on shared machines.
+        use_io_binding: keep the KV cache in onnxruntime values between steps; defaults to True on CUDA.
+    """
+
+    def __init__(
+        self,
+        folder: str | os.PathLike,
+        provider: str = "auto",
+        intra_op_num_threads: int = 1,
+        use_io_binding: bool | None = None,
+    ):
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise ValueError(f"Export folder {self.folder} does not exist")
+        for name in (ENCODER_FILE, DECODER_FILE, "config.json", "tokenizer.json"):
+            if not (self.folder / name).is_file():
+                raise ValueError(f"Export folder {self.folder} has no {name}; re-run export/export_onnx.py")
+        requested = resolve_provider(provider)
+        options = session_options(intra_op_num_threads)
+        providers = [requested] if requested == PROVIDERS["cpu"] else [requested, PROVIDERS["cpu"]]
+        self.encoder = ort.InferenceSession(str(self.folder / ENCODER_FILE), options, providers=providers)
+        self.decoder = ort.InferenceSession(str(self.folder / DECODER_FILE), options, providers=providers)
+        # onnxruntime-gpu lists CUDA even without a GPU and silently falls back to CPU: report what is used.
+        self.provider = self.decoder.get_providers()[0]
+        if requested != self.provider:
+            logger.warning("Requested %s, onnxruntime uses %s", requested, self.provider)
+        self.device = "cuda" if self.provider == PROVIDERS["cuda"] else "cpu"
+        self.use_io_binding = self.device == "cuda" if use_io_binding is None else use_io_binding
+        self.tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
+        self.settings = settings_from_folder(self.folder)
+        self.config = json.loads((self.folder / "config.json").read_text())
+        self.num_layers = self.config["decoder_layers"]
+        self.num_heads = self.config["decoder_attention_heads"]
+        self.d_head = self.config["d_model"] // self.num_heads
+        self.cache_dtype = np.float16 if self.decoder.get_inputs()[2].type == "tensor(float16)" else np.float32
+
+    # -- token level ------------------------------------------------------------------------------------------
+
+    def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None, **overrides) -> np.ndarray:
+        """Token ids in, token ids out, like `model.generate(input_ids, attention_mask, ...)`.
+
+        Args:
+            input_ids: (batch, src_len) integer source ids, right- or left-padded.
+            attention_mask: (batch, src_len), 1 = token, 0 = padding; all ones when omitted.
+            overrides: any `GenerationSettings` field (`max_new_tokens`, `num_beams`, `length_penalty`, ...).
+        Returns:
+            (batch, 1 + generated) int64, starting with the decoder start token; finished rows are filled like
+            transformers fills them (pad for greedy, `pad_token_id or eos_token_id` for beam search).
+        """
+        input_ids = check_token_array("input_ids", input_ids)
+        if attention_mask is None:
+            attention_mask = np.ones_like(input_ids)
+        attention_mask = check_token_array("attention_mask", attention_mask)
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask shape {attention_mask.shape} != input_ids shape {input_ids.shape}")
+        vocab_size = self.config["vocab_size"]
+        if input_ids.min() < 0 or input_ids.max() >= vocab_size:
+            raise ValueError(f"input_ids holds ids outside the vocabulary [0, {vocab_size})")
+        settings = self._settings(overrides)
+        batch = input_ids.shape[0]
+        state = self._start(input_ids, attention_mask, settings.num_beams)
+        if settings.num_beams == 1:
+            return greedy_search(state, batch, settings)
+        return beam_search(state, batch, settings)
+
+    def _settings(self, overrides: dict) -> GenerationSettings:
+        known = {f.name for f in fields(GenerationSettings)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise ValueError(f"Unknown generation options {sorted(unknown)}; known: {sorted(known)}")
+        values = {f.name: getattr(self.settings, f.name) for f in fields(GenerationSettings)}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = GenerationSettings(**values)
+        settings.validate()
+        return settings
+
+    def _start(self, input_ids: np.ndarray, attention_mask: np.ndarray, num_beams: int) -> DecoderState:
+        """Run the encoder once; every beam of a sentence shares its cross-attention K/V."""
+        names = [o.name for o in self.encoder.get_outputs()]
+        outputs = dict(
+            zip(names, self.encoder.run(None, {"input_ids": input_ids, "attention_mask": attention_mask}), strict=True)
+        )
+        cross = {
+            name.replace("present.", "past_key_values.", 1): np.repeat(value, num_beams, axis=0)
+            for name, value in outputs.items()
+            if name != "last_hidden_state"
+        }
+        mask = np.repeat(attention_mask, num_beams, axis=0)
+        rows = input_ids.shape[0] * num_beams
+        empty = np.zeros((rows, self.num_heads, 0, self.d_head), dtype=self.cache_dtype)
+        past = {
+            f"past_key_values.{i}.decoder.{kind}": empty for i in range(self.num_layers) for kind in ("key", "value")
+        }
+        if self.use_io_binding:
+            return _BoundState(self.decoder, cross, mask, past, self.device)
+        return _NumpyState(self.decoder, cross, mask, past)
+
+    # -- text level -------------------------------------------------------------------------------------------
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Tokenize and right-pad a batch: (input_ids, attention_mask), both (batch, longest) int64."""
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise ValueError("texts must be a list of strings")
+        if not texts:
+            raise ValueError("texts is empty")
+        encodings = self.tokenizer.encode_batch(texts)
+        longest = max(len(e.ids) for e in encodings)
+        pad = self.settings.pad_token_id or 0
+        input_ids = np.full((len(texts), longest), pad, dtype=np.int64)
+        attention_mask = np.zeros((len(texts), longest), dtype=np.int64)
+        for row, encoding in enumerate(encodings):
+            input_ids[row, : len(encoding.ids)] = encoding.ids
+            attention_mask[row, : len(encoding.ids)] = 1
+        return input_ids, attention_mask
+
+    def translate(self, texts: list[str], **overrides) -> list[str]:
+        """Text in, text out; `overrides` as in `generate`."""
+        input_ids, attention_mask = self.encode(texts)
+        output = self.generate(input_ids, attention_mask, **overrides)
+        return self.tokenizer.decode_batch(output.tolist(), skip_special_tokens=True)

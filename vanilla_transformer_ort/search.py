@@ -1,0 +1,198 @@
+"""Greedy and beam search in numpy, with transformers' `generate()` semantics (v5.24), for any step function.
+
+The decoder is abstracted as a `DecoderState`: `step(last_tokens)` returns next-token logits and advances the cache,
+`reorder(rows)` keeps the given cache rows (beam reordering). Scores are kept in float32 like transformers does.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+# transformers' "minus infinity" for beam bookkeeping (a finite constant, kept as is to reproduce its arithmetic).
+LARGE_NEGATIVE = np.float32(-1.0e9)
+
+
+class DecoderState(Protocol):
+    def step(self, last_tokens: np.ndarray) -> np.ndarray:
+        """(rows, 1) int64 -> (rows, vocab) float32 logits of the next token."""
+
+    def reorder(self, rows: np.ndarray) -> None:
+        """Keep cache rows `rows` (int64, length rows) in that order."""
+
+
+@dataclass
+class GenerationSettings:
+    """The subset of `transformers.GenerationConfig` this runtime implements, with the same meanings.
+
+    `max_new_tokens` counts generated tokens (EOS included); `min_new_tokens` bans EOS before that many;
+    `length_penalty` divides a finished beam's summed log-probabilities by generated_length ** length_penalty;
+    `early_stopping` is True, False or "never" exactly as in transformers.
+    """
+
+    decoder_start_token_id: int
+    eos_token_ids: list[int] = field(default_factory=list)
+    pad_token_id: int | None = None
+    max_new_tokens: int = 19
+    min_new_tokens: int = 0
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    forced_eos_token_id: int | None = None
+
+    def validate(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.num_beams < 1:
+            raise ValueError(f"num_beams must be >= 1, got {self.num_beams}")
+        if self.early_stopping not in (True, False, "never"):
+            raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(f"min_new_tokens ({self.min_new_tokens}) > max_new_tokens ({self.max_new_tokens})")
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float32."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def process_scores(scores: np.ndarray, cur_len: int, settings: GenerationSettings) -> np.ndarray:
+    """transformers' min-length and forced-EOS processors; `cur_len` counts the decoder start token."""
+    max_length = settings.max_new_tokens + 1
+    if settings.eos_token_ids and cur_len < settings.min_new_tokens + 1:
+        scores = scores.copy()
+        scores[:, settings.eos_token_ids] = -np.inf
+    if settings.forced_eos_token_id is not None and cur_len == max_length - 1:
+        scores = np.full_like(scores, -np.inf)
+        scores[:, settings.forced_eos_token_id] = 0
+    return scores
+
+
+def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the k largest values in descending order (ties: lower index first) and their indices."""
+    if k < scores.shape[1]:
+        candidates = np.argpartition(-scores, k - 1, axis=1)[:, :k]  # O(n), then sort only k
+    else:
+        candidates = np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
+    values = np.take_along_axis(scores, candidates, axis=1)
+    order = np.lexsort((candidates, -values), axis=1)
+    indices = np.take_along_axis(candidates, order, axis=1)
+    return np.take_along_axis(scores, indices, axis=1), indices
+
+
+def greedy_search(state: DecoderState, batch_size: int, settings: GenerationSettings) -> np.ndarray:
+    """Greedy decoding; returns (batch, 1 + generated) int64 with the start token first, finished rows pad-filled."""
+    tokens = np.full((batch_size, 1), settings.decoder_start_token_id, dtype=np.int64)
+    unfinished = np.ones(batch_size, dtype=bool)
+    pad = settings.pad_token_id
+    if pad is None:  # transformers falls back to the first EOS id
+        pad = settings.eos_token_ids[0] if settings.eos_token_ids else 0
+    for _ in range(settings.max_new_tokens):
+        scores = process_scores(state.step(tokens[:, -1:]), tokens.shape[1], settings)
+        next_tokens = scores.argmax(axis=-1).astype(np.int64)
+        if settings.eos_token_ids:
+            next_tokens = np.where(unfinished, next_tokens, pad)
+            unfinished &= ~np.isin(next_tokens, settings.eos_token_ids)
+        tokens = np.concatenate([tokens, next_tokens[:, None]], axis=1)
+        if not unfinished.any():
+            break
+    return tokens
+
+
+def _output_fill_value(settings: GenerationSettings) -> int:
+    # transformers fills beam outputs with `pad_token_id or eos_token_id[0]`: a pad id of 0 is falsy there,
+    # so with pad 0 the unused tail of shorter hypotheses holds EOS. Reproduced for token-identical outputs.
+    if not settings.eos_token_ids:
+        return -1
+    return settings.pad_token_id or settings.eos_token_ids[0]
+
+
+def _gather(array: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """array (batch, beams, ...) gathered on the beam axis with indices (batch, k)."""
+    index = indices.reshape(indices.shape + (1,) * (array.ndim - 2))
+    return np.take_along_axis(array, index, axis=1)
+
+
+def beam_search(state: DecoderState, batch_size: int, settings: GenerationSettings) -> np.ndarray:
+    """Beam search returning the best hypothesis per row: (batch, 1 + longest) int64, like `generate()`.
+
+    `state` must hold batch * num_beams rows (each source repeated num_beams times, adjacent).
+    """
+    num_beams = settings.num_beams
+    max_length = settings.max_new_tokens + 1
+    prompt_len = 1
+    eos = np.asarray(settings.eos_token_ids, dtype=np.int64)
+    beams_to_keep = max(2, 1 + len(eos)) * num_beams
+    top_num_beam_mask = np.arange(beams_to_keep) < num_beams
+    penalty, early = settings.length_penalty, settings.early_stopping
+
+    running = np.full((batch_size, num_beams, max_length), _output_fill_value(settings), dtype=np.int64)
+    running[:, :, 0] = settings.decoder_start_token_id
+    sequences = running.copy()
+    running_scores = np.zeros((batch_size, num_beams), dtype=np.float32)
+    running_scores[:, 1:] = LARGE_NEGATIVE  # only the first beam expands at step one
+    beam_scores = np.full((batch_size, num_beams), LARGE_NEGATIVE, dtype=np.float32)
+    finished = np.zeros((batch_size, num_beams), dtype=bool)
+    may_improve = np.ones((batch_size, 1), dtype=bool)
+    running_origin = np.full((batch_size, num_beams, max_length - prompt_len), -1, dtype=np.int64)
+    origin = running_origin.copy()
+    batch_offset = (np.arange(batch_size) * num_beams)[:, None]
+
+    cur_len = prompt_len
+    while True:
+        last = running[:, :, cur_len - 1].reshape(-1, 1)
+        log_probs = process_scores(log_softmax(state.step(last)), cur_len, settings)
+        vocab = log_probs.shape[-1]
+        log_probs = log_probs.reshape(batch_size, num_beams, vocab) + running_scores[:, :, None]
+        topk_scores, topk_indices = top_k(log_probs.reshape(batch_size, num_beams * vocab), beams_to_keep)
+
+        # c. the top continuations over all beams of a sentence
+        source_beam, token = topk_indices // vocab, topk_indices % vocab
+        topk_sequences = _gather(running, source_beam)
+        topk_sequences[:, :, cur_len] = token
+        topk_origin = _gather(running_origin, source_beam)
+        topk_origin[:, :, cur_len - prompt_len] = source_beam + batch_offset
+
+        # d. which continuations stop here (EOS, or maximum length)
+        hits = np.isin(token, eos) | (cur_len + 1 >= max_length)
+
+        # e. the best unfinished continuations keep running
+        open_scores = topk_scores + hits.astype(np.float32) * LARGE_NEGATIVE
+        keep = top_k(open_scores, num_beams)[1]
+        running, running_scores = _gather(topk_sequences, keep), _gather(open_scores, keep)
+        running_origin = _gather(topk_origin, keep)
+
+        # f. finished candidates among the top num_beams compete with the finished set, length-penalised
+        just_finished = hits & top_num_beam_mask[None, :]
+        final_scores = topk_scores / np.float32((cur_len + 1 - prompt_len) ** penalty)
+        full = finished.all(axis=1, keepdims=True) & (early is True)
+        final_scores = final_scores + full.astype(np.float32) * LARGE_NEGATIVE
+        final_scores = final_scores + (~may_improve).astype(np.float32) * LARGE_NEGATIVE
+        final_scores = final_scores + (~just_finished).astype(np.float32) * LARGE_NEGATIVE
+        merged_scores = np.concatenate([beam_scores, final_scores], axis=1)
+        best = top_k(merged_scores, num_beams)[1]
+        sequences = _gather(np.concatenate([sequences, topk_sequences], axis=1), best)
+        beam_scores = _gather(merged_scores, best)
+        origin = _gather(np.concatenate([origin, topk_origin], axis=1), best)
+        finished = _gather(np.concatenate([finished, just_finished], axis=1), best)
+
+        # g. the cache follows the surviving beams
+        state.reorder(running_origin[:, :, cur_len - prompt_len].reshape(-1))
+        cur_len += 1
+
+        best_length = max_length - prompt_len if (early == "never" and penalty > 0.0) else cur_len - prompt_len
+        best_running = running_scores[:, :1] / np.float32(best_length**penalty)
+        worst_finished = np.where(finished, beam_scores.min(axis=1, keepdims=True), LARGE_NEGATIVE)
+        may_improve = may_improve & np.any(best_running > worst_finished, axis=-1, keepdims=True)
+        open_beam = not (finished.all() and early is True)
+        if not (may_improve.any() and open_beam and not hits.all()):
+            break
+
+    generated = int(((origin[:, 0, :] + 1) != 0).sum(axis=1).max())
+    return sequences[:, 0, : prompt_len + generated]
