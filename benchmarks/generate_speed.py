@@ -114,13 +114,22 @@ def load_systems(paths: dict[str, Path], threads: int, only: list[str] | None = 
         "vanilla PyTorch": lambda: hf_generate(
             VanillaTransformerForConditionalGeneration.from_pretrained(paths["vanilla"]).eval()
         ),
+        "vanilla PyTorch eager-attn": lambda: hf_generate(
+            VanillaTransformerForConditionalGeneration.from_pretrained(
+                paths["vanilla"], attn_implementation="eager"
+            ).eval()
+        ),
+        "Marian eager-attn": lambda: hf_generate(
+            MarianMTModel.from_pretrained(paths["marian"], attn_implementation="eager").eval()
+        ),
         "CTranslate2 fp32": lambda: ct2_generate(paths["ct2-fp32"], threads),
         "CTranslate2 int8": lambda: ct2_generate(paths["ct2-int8"], threads),
     }
     if common.onnx_available():
         loaders["vanilla ORT fp32"] = lambda: ort_generate(paths["onnx-fp32"], threads)
         loaders["vanilla ORT int8"] = lambda: ort_generate(paths["onnx-int8"], threads)
-    names = [n for n in loaders if only is None or n in only or n == REFERENCE]
+    optional = ("vanilla PyTorch eager-attn", "Marian eager-attn")  # attention-backend comparison, on request
+    names = [n for n in loaders if (n in only if only is not None else n not in optional) or n == REFERENCE]
     return {name: loaders[name]() for name in names}
 
 
