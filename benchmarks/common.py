@@ -333,7 +333,6 @@ def onnx_available() -> bool:
     """True once this branch has the ONNX export and the onnxruntime translator."""
     try:
         import vanilla_transformer_ort  # noqa: F401
-
         from vanilla_transformer import onnx_export  # noqa: F401
     except ImportError:
         return False
@@ -351,7 +350,16 @@ def export_onnx(model_dir: Path, output_dir: Path, quantization: str) -> None:
 
 
 def peak_rss_mib() -> float:
-    """This process's peak resident set size (Linux reports ru_maxrss in KiB)."""
+    """This process's peak resident set size in MiB: VmHWM of /proc/self/status.
+
+    Not `ru_maxrss`: Linux carries it across exec, so a child started from a big parent would report at least the
+    parent's size at fork time."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -9,6 +9,7 @@ greedy search and beam 4, at batch 1 and 16. Systems are timed interleaved, roun
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +42,12 @@ def source_ids(batch: int, seed: int = common.SEED) -> np.ndarray:
     """The same random sources for every system: ids that are ordinary words in both vocabularies."""
     rng = np.random.default_rng(seed)
     return rng.integers(3, common.VOCAB_SIZE - 10, size=(batch, SOURCE_LEN), dtype=np.int64)
+
+
+def token_agreement(tokens: list[list[int]], reference: list[list[int]]) -> float:
+    """Share of positions where two systems chose the same token (1.0 = identical outputs)."""
+    pairs = [(a, b) for row, ref in zip(tokens, reference, strict=True) for a, b in zip(row, ref, strict=True)]
+    return sum(a == b for a, b in pairs) / len(pairs)
 
 
 def hf_generate(model) -> Generate:
@@ -85,9 +92,21 @@ def ct2_generate(path: Path, threads: int) -> Generate:
 
 
 def ort_generate(path: Path, threads: int) -> Generate:
-    from vanilla_transformer_ort import OrtTranslator
+    from unittest import mock
 
-    translator = OrtTranslator(path, provider="cpu", intra_op_num_threads=threads)
+    from vanilla_transformer_ort import OrtTranslator, runtime
+
+    # onnxruntime's own thread pool spins like OpenMP's ACTIVE policy; follow the policy the other systems run with.
+    spinning = "0" if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE" else "1"
+
+    def session_options(intra_op_num_threads: int):
+        options = base_options(intra_op_num_threads)
+        options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+        return options
+
+    base_options = runtime.session_options
+    with mock.patch.object(runtime, "session_options", session_options):
+        translator = OrtTranslator(path, provider="cpu", intra_op_num_threads=threads)
 
     def run(ids: np.ndarray, num_beams: int) -> list[list[int]]:
         out = translator.generate(
@@ -155,8 +174,9 @@ def main(argv: list[str] | None = None) -> dict:
     for row in args.rows:
         num_beams, batch = ROWS[row]
         ids = source_ids(batch)
-        for name, generate in systems.items():  # identical work: exactly NEW_TOKENS new tokens per row, everywhere
-            lengths = {len(tokens) for tokens in generate(ids, num_beams)}
+        outputs = {name: generate(ids, num_beams) for name, generate in systems.items()}
+        for name, tokens in outputs.items():  # identical work: exactly NEW_TOKENS new tokens per row, everywhere
+            lengths = {len(row_tokens) for row_tokens in tokens}
             if lengths != {NEW_TOKENS}:
                 raise RuntimeError(f"{name} produced {lengths} new tokens on {row!r}, expected {NEW_TOKENS}")
         log(f"{row}:")
@@ -171,6 +191,8 @@ def main(argv: list[str] | None = None) -> dict:
         for name, s in stats.items():
             s["speedup_vs_marian"] = common.speedup(reference, s["median"])
             s["times"] = times[name]
+            if name.startswith("vanilla ") and name != "vanilla PyTorch" and "vanilla PyTorch" in outputs:
+                s["tokens_equal_to_pytorch"] = token_agreement(outputs[name], outputs["vanilla PyTorch"])
         results[row] = stats
 
     names = list(systems)
@@ -189,6 +211,11 @@ def main(argv: list[str] | None = None) -> dict:
     noise = common.noise_line(all_stats)
     print(table)
     print(f"\nratio = Marian's median / the system's median (>1 = faster); {args.rounds} interleaved rounds")
+    for row, stats in results.items():
+        agreement = {n: s["tokens_equal_to_pytorch"] for n, s in stats.items() if "tokens_equal_to_pytorch" in s}
+        if agreement:
+            shares = ", ".join(f"{n} {a:.0%}" for n, a in agreement.items())
+            print(f"tokens equal to vanilla PyTorch, {row}: {shares}")
     print(noise)
     payload = {
         "benchmark": "generate_speed",

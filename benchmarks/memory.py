@@ -1,7 +1,7 @@
 """Peak resident memory of each inference path, each in a fresh process.
 
 A child interpreter loads one system from disk, runs the heaviest generation row once (beam 4, batch 16, 24 source
-tokens, 32 new tokens) and reports its own peak RSS (`ru_maxrss`); the parent repeats that for every path. The ONNX
+tokens, 32 new tokens) and reports its own peak RSS (VmHWM); the parent repeats that for every path. The ONNX
 runtime child imports only onnxruntime, numpy and tokenizers, as a deployment would.
 
     python -m benchmarks.memory
