@@ -58,6 +58,10 @@ def build_systems(batch: int, optimizer: str, variants: list[str]) -> dict[str, 
         systems["vanilla PyTorch"] = make_step(common.build_vanilla(), batch, optimizer)
     if "compile" in variants:
         systems["vanilla torch.compile"] = make_step(common.build_vanilla(), batch, optimizer, compile_model=True)
+    if "eager-attn" in variants:
+        model = common.build_vanilla()
+        model.set_attn_implementation("eager")
+        systems["vanilla eager attention"] = make_step(model, batch, optimizer)
     if "marian-compile" in variants:
         systems["Marian torch.compile"] = make_step(common.build_marian(), batch, optimizer, compile_model=True)
     return systems
@@ -74,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--variants",
         nargs="*",
         default=["eager", "compile"],
-        choices=["eager", "compile", "marian-compile"],
+        choices=["eager", "compile", "eager-attn", "marian-compile"],
         help="which of this package's variants to run next to eager Marian",
     )
     parser.add_argument("--name", default="train_speed", help="results file name under benchmarks/results/")
