@@ -28,6 +28,16 @@ def test_pe_offset_continues_positions():
     torch.testing.assert_close(module(seq_len=3, offset=5), module(seq_len=8)[5:])
 
 
+def test_pe_table_equals_closed_form_as_it_grows():
+    module = SinusoidalPositionalEncoding(16)
+    first = module(seq_len=4, offset=250)  # inside the first table
+    grown = module(seq_len=10, offset=300)  # beyond it: the table doubles
+    torch.testing.assert_close(first, sinusoidal_positional_encoding(torch.arange(250, 254), 16))
+    torch.testing.assert_close(grown, sinusoidal_positional_encoding(torch.arange(300, 310), 16))
+    torch.testing.assert_close(module(seq_len=3, offset=torch.tensor(300)), grown[:3])  # tensor offset: closed form
+    assert not module.state_dict()
+
+
 def test_pe_rejects_odd_width():
     with pytest.raises(ValueError, match="even"):
         sinusoidal_positional_encoding(torch.arange(3), 7)

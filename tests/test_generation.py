@@ -43,6 +43,18 @@ def test_beam_search_with_length_penalty_cached_equals_uncached():
     torch.testing.assert_close(cached.sequences_scores, uncached.sequences_scores, atol=1e-5, rtol=1e-5)
 
 
+def test_beam_reorder_leaves_cross_attention_cache_and_matches_full_reorder(monkeypatch):
+    model = make_model(seed=2)
+    src, mask = padded_batch()
+    kwargs = dict(attention_mask=mask, num_beams=4, num_return_sequences=2, return_dict_in_generate=True, **GEN)
+    ours = model.generate(src, **kwargs)
+    # transformers' default: EncoderDecoderCache.reorder_cache gathers the cross-attention keys/values too
+    monkeypatch.delattr(type(model), "_reorder_cache")
+    full = model.generate(src, **kwargs)
+    assert torch.equal(ours.sequences, full.sequences)
+    torch.testing.assert_close(ours.sequences_scores, full.sequences_scores, atol=0, rtol=0)
+
+
 def test_sampling_cached_equals_uncached():
     model = make_model(seed=3)
     src, mask = padded_batch()

@@ -38,15 +38,30 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     `offset` is the number of tokens already decoded (the cache length), so step t of incremental decoding gets
     the same encoding as position t of a full forward pass.
+
+    Eager calls with an integer offset read rows of a table of the closed form, computed once per device and
+    doubled whenever a later position is asked for (so there is still no length limit): a decoding step then costs
+    one slice instead of the sin/cos kernels. The table is a plain attribute, not a buffer, so it is never saved or
+    loaded; compiled and exported graphs, and tensor offsets (static caches), compute the closed form inline.
     """
 
     def __init__(self, d_model: int):
         super().__init__()
         self.d_model = d_model
+        self._tables: dict[torch.device, torch.Tensor] = {}  # device -> (table_len, d_model) float32
 
     def forward(
         self, seq_len: int, offset: int | torch.Tensor = 0, device: torch.device | None = None
     ) -> torch.Tensor:
-        """Returns (seq_len, d_model) float32 encodings."""
-        positions = torch.arange(seq_len, device=device) + offset  # (seq_len,)
-        return sinusoidal_positional_encoding(positions, self.d_model)
+        """Returns (seq_len, d_model) float32 encodings; callers must not modify them in place."""
+        if isinstance(offset, torch.Tensor) or torch.compiler.is_compiling() or torch.jit.is_tracing():
+            positions = torch.arange(seq_len, device=device) + offset  # (seq_len,)
+            return sinusoidal_positional_encoding(positions, self.d_model)
+        device = torch.device("cpu") if device is None else torch.device(device)
+        end = offset + seq_len
+        table = self._tables.get(device)
+        if table is None or table.shape[0] < end:
+            table_len = max(end, 256, 2 * table.shape[0] if table is not None else 0)
+            table = sinusoidal_positional_encoding(torch.arange(table_len, device=device), self.d_model)
+            self._tables[device] = table
+        return table[offset:end]  # (seq_len, d_model)

@@ -71,6 +71,9 @@ def _check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, allow
         return
     if ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise ValueError(f"`{name}` must hold integer token ids, got dtype {ids.dtype}.")
+    low, high = torch.aminmax(ids)  # one pass; this check runs at every decoding step
+    if int(low) >= 0 and int(high) < vocab_size:
+        return
     valid = (ids >= 0) & (ids < vocab_size)
     if allow_ignore:
         valid |= ids == -100
@@ -381,6 +384,19 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def _reorder_cache(self, cache: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search: gather the self-attention keys/values of the surviving beams (`beam_idx`: (batch * beams,)).
+
+        The cross-attention keys/values are left in place: `generate()` repeats each source once per beam, so all
+        beams of a sentence hold the same rows, and `beam_idx` only picks beams of the same sentence; gathering them
+        (what `EncoderDecoderCache.reorder_cache` does) would copy identical rows every step.
+        """
+        if isinstance(cache, EncoderDecoderCache):
+            cache.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            cache.reorder_cache(beam_idx)
+        return cache
 
     @can_return_tuple
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")

@@ -1,0 +1,235 @@
+"""Generation speed, side by side: transformers' Marian, this package (PyTorch and onnxruntime), CTranslate2.
+
+Every system translates the same random 24-token sources into exactly 32 new tokens (EOS is masked until then), with
+greedy search and beam 4, at batch 1 and 16. Systems are timed interleaved, round after round, on pinned threads.
+
+    python -m benchmarks.generate_speed --rounds 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import common
+
+SOURCE_LEN = 24
+NEW_TOKENS = 32
+ROWS = {  # name -> (num_beams, batch)
+    "greedy, batch 1": (1, 1),
+    "greedy, batch 16": (1, 16),
+    "beam 4, batch 1": (4, 1),
+    "beam 4, batch 16": (4, 16),
+}
+REFERENCE = "transformers Marian"
+# Reported ratios of the field (issue 6), for the README's comparison; measured before this package existed.
+FIELD = {
+    "greedy, batch 1": {"CTranslate2 fp32": 2.47, "CTranslate2 int8": 2.32},
+    "greedy, batch 16": {"CTranslate2 fp32": 0.93, "CTranslate2 int8": 2.38},
+    "beam 4, batch 1": {"CTranslate2 fp32": 3.08, "CTranslate2 int8": 2.22},
+    "beam 4, batch 16": {"CTranslate2 fp32": 1.27, "CTranslate2 int8": 2.59},
+}
+
+Generate = Callable[[np.ndarray, int], list[list[int]]]  # (source ids (batch, len), num_beams) -> new tokens per row
+
+
+def source_ids(batch: int, seed: int = common.SEED) -> np.ndarray:
+    """The same random sources for every system: ids that are ordinary words in both vocabularies."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(3, common.VOCAB_SIZE - 10, size=(batch, SOURCE_LEN), dtype=np.int64)
+
+
+def token_agreement(tokens: list[list[int]], reference: list[list[int]]) -> float:
+    """Share of positions where two systems chose the same token (1.0 = identical outputs)."""
+    pairs = [(a, b) for row, ref in zip(tokens, reference, strict=True) for a, b in zip(row, ref, strict=True)]
+    return sum(a == b for a, b in pairs) / len(pairs)
+
+
+def hf_generate(model) -> Generate:
+    import torch
+
+    def run(ids: np.ndarray, num_beams: int) -> list[list[int]]:
+        input_ids = torch.from_numpy(ids)
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            num_beams=num_beams,
+            do_sample=False,
+            min_new_tokens=NEW_TOKENS,
+            max_new_tokens=NEW_TOKENS,
+            forced_eos_token_id=None,
+            length_penalty=1.0,
+        )
+        return out[:, 1:].tolist()  # drop the decoder start token
+
+    return run
+
+
+def ct2_generate(path: Path, threads: int) -> Generate:
+    import ctranslate2
+
+    translator = ctranslate2.Translator(str(path), device="cpu", intra_threads=threads, inter_threads=1)
+    vocab = common.marian_vocabulary()
+    index = {tok: i for i, tok in enumerate(vocab)}
+
+    def run(ids: np.ndarray, num_beams: int) -> list[list[int]]:
+        source = [[vocab[i] for i in row] for row in ids.tolist()]
+        results = translator.translate_batch(
+            source,
+            beam_size=num_beams,
+            min_decoding_length=NEW_TOKENS,
+            max_decoding_length=NEW_TOKENS,
+            length_penalty=1.0,
+        )
+        return [[index[tok] for tok in r.hypotheses[0]] for r in results]
+
+    return run
+
+
+def ort_generate(path: Path, threads: int) -> Generate:
+    from unittest import mock
+
+    from vanilla_transformer_ort import OrtTranslator, runtime
+
+    # onnxruntime's own thread pool spins like OpenMP's ACTIVE policy; follow the policy the other systems run with.
+    spinning = "0" if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE" else "1"
+
+    def session_options(intra_op_num_threads: int):
+        options = base_options(intra_op_num_threads)
+        options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+        return options
+
+    base_options = runtime.session_options
+    with mock.patch.object(runtime, "session_options", session_options):
+        translator = OrtTranslator(path, provider="cpu", intra_op_num_threads=threads)
+
+    def run(ids: np.ndarray, num_beams: int) -> list[list[int]]:
+        out = translator.generate(
+            ids,
+            np.ones_like(ids),
+            num_beams=num_beams,
+            min_new_tokens=NEW_TOKENS,
+            max_new_tokens=NEW_TOKENS,
+            forced_eos_token_id=None,
+            length_penalty=1.0,
+        )
+        return [list(row[1:]) for row in np.asarray(out).tolist()]
+
+    return run
+
+
+def load_systems(paths: dict[str, Path], threads: int, only: list[str] | None = None) -> dict[str, Generate]:
+    from transformers import MarianMTModel
+
+    from vanilla_transformer import VanillaTransformerForConditionalGeneration
+
+    loaders: dict[str, Callable[[], Generate]] = {
+        REFERENCE: lambda: hf_generate(MarianMTModel.from_pretrained(paths["marian"]).eval()),
+        "vanilla PyTorch": lambda: hf_generate(
+            VanillaTransformerForConditionalGeneration.from_pretrained(paths["vanilla"]).eval()
+        ),
+        "vanilla PyTorch eager-attn": lambda: hf_generate(
+            VanillaTransformerForConditionalGeneration.from_pretrained(
+                paths["vanilla"], attn_implementation="eager"
+            ).eval()
+        ),
+        "Marian eager-attn": lambda: hf_generate(
+            MarianMTModel.from_pretrained(paths["marian"], attn_implementation="eager").eval()
+        ),
+        "CTranslate2 fp32": lambda: ct2_generate(paths["ct2-fp32"], threads),
+        "CTranslate2 int8": lambda: ct2_generate(paths["ct2-int8"], threads),
+    }
+    if common.onnx_available():
+        loaders["vanilla ORT fp32"] = lambda: ort_generate(paths["onnx-fp32"], threads)
+        loaders["vanilla ORT int8"] = lambda: ort_generate(paths["onnx-int8"], threads)
+    optional = ("vanilla PyTorch eager-attn", "Marian eager-attn")  # attention-backend comparison, on request
+    names = [n for n in loaders if (n in only if only is not None else n not in optional) or n == REFERENCE]
+    return {name: loaders[name]() for name in names}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=7, help="timed rounds per system and row")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    parser.add_argument("--threads", type=int, default=common.THREADS)
+    parser.add_argument("--rows", nargs="*", choices=list(ROWS), default=list(ROWS))
+    parser.add_argument("--systems", nargs="*", default=None, help="subset of systems (Marian is always run)")
+    parser.add_argument("--workdir", type=Path, default=common.DEFAULT_WORKDIR)
+    parser.add_argument("--name", default="generate_speed", help="results file name under benchmarks/results/")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+
+    common.pin_threads(args.threads)
+    log = (lambda _msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    paths = common.prepare_artifacts(args.workdir, log=log)
+    systems = load_systems(paths, args.threads, args.systems)
+    machine = common.machine_info(args.threads)
+
+    results: dict[str, dict] = {}
+    for row in args.rows:
+        num_beams, batch = ROWS[row]
+        ids = source_ids(batch)
+        outputs = {name: generate(ids, num_beams) for name, generate in systems.items()}
+        for name, tokens in outputs.items():  # identical work: exactly NEW_TOKENS new tokens per row, everywhere
+            lengths = {len(row_tokens) for row_tokens in tokens}
+            if lengths != {NEW_TOKENS}:
+                raise RuntimeError(f"{name} produced {lengths} new tokens on {row!r}, expected {NEW_TOKENS}")
+        log(f"{row}:")
+        times = common.run_interleaved(
+            {name: (lambda g=g, i=ids, k=num_beams: g(i, k)) for name, g in systems.items()},
+            rounds=args.rounds,
+            warmup=args.warmup,
+            log=log,
+        )
+        stats = {name: common.summarize(t) for name, t in times.items()}
+        reference = stats[REFERENCE]["median"]
+        for name, s in stats.items():
+            s["speedup_vs_marian"] = common.speedup(reference, s["median"])
+            s["times"] = times[name]
+            if name.startswith("vanilla ") and name != "vanilla PyTorch" and "vanilla PyTorch" in outputs:
+                s["tokens_equal_to_pytorch"] = token_agreement(outputs[name], outputs["vanilla PyTorch"])
+        results[row] = stats
+
+    names = list(systems)
+    headers = ["workload", *names]
+    rows = []
+    for row, stats in results.items():
+        rows.append(
+            [row]
+            + [
+                f"{stats[n]['speedup_vs_marian']:.2f}x ({stats[n]['median']:.3f} s, min {stats[n]['min']:.3f})"
+                for n in names
+            ]
+        )
+    table = common.format_table(headers, rows)
+    all_stats = {f"{row}/{n}": s for row, stats in results.items() for n, s in stats.items()}
+    noise = common.noise_line(all_stats)
+    print(table)
+    print(f"\nratio = Marian's median / the system's median (>1 = faster); {args.rounds} interleaved rounds")
+    for row, stats in results.items():
+        agreement = {n: s["tokens_equal_to_pytorch"] for n, s in stats.items() if "tokens_equal_to_pytorch" in s}
+        if agreement:
+            shares = ", ".join(f"{n} {a:.0%}" for n, a in agreement.items())
+            print(f"tokens equal to vanilla PyTorch, {row}: {shares}")
+    print(noise)
+    payload = {
+        "benchmark": "generate_speed",
+        "command": "python -m benchmarks.generate_speed " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": machine,
+        "settings": {"source_len": SOURCE_LEN, "new_tokens": NEW_TOKENS, "rounds": args.rounds, "warmup": args.warmup},
+        "results": results,
+        "noise": noise,
+        "table": table,
+    }
+    path = common.write_json(args.name, payload)
+    print(f"wrote {path.relative_to(common.ROOT)}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""The benchmark harness's pure functions: statistics, interleaving, FLOP counting, tables (never timings)."""
+
+import pytest
+
+from benchmarks import common
+
+
+def test_summarize_median_min_and_noise():
+    stats = common.summarize([2.0, 1.0, 4.0, 3.0])
+    assert stats["median"] == 2.5
+    assert stats["min"] == 1.0
+    assert stats["max"] == 4.0
+    assert stats["spread"] == pytest.approx(3.0)  # (4 - 1) / 1
+    assert stats["cv"] == pytest.approx(1.2909944 / 2.5)  # sample stdev / mean
+    assert common.summarize([5.0])["cv"] == 0.0
+    with pytest.raises(ValueError):
+        common.summarize([])
+
+
+def test_speedup_is_reference_over_time():
+    assert common.speedup(2.0, 1.0) == 2.0
+    assert common.speedup(1.0, 2.0) == 0.5
+
+
+def test_run_interleaved_order_and_warmup():
+    calls = []
+    systems = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    times = common.run_interleaved(systems, rounds=2, warmup=1)
+    assert calls == ["a", "b"] * 3
+    assert {name: len(t) for name, t in times.items()} == {"a": 2, "b": 2}
+
+
+def test_forward_flops_against_a_hand_count():
+    # One layer per stack, d=4, d_ff=8, vocab 10, batch 1, source 2 tokens, target 3 tokens.
+    dims = common.Dims(d_model=4, d_ff=8, encoder_layers=1, decoder_layers=1, heads=2, vocab_size=10)
+    mac = 0
+    # encoder, per source token: q, k, v, out (4 x 16 MACs), FFN (2 x 32), scores + weighted sum over 2 keys
+    mac += 2 * (4 * 16 + 2 * 32 + 2 * 2 * 4)
+    mac += 2 * (2 * 16)  # cross-attention keys and values of the 2 source tokens
+    # decoder, per target token: self q, k, v, out; cross q, out; FFN; self attention over 3; cross attention over 2
+    mac += 3 * (4 * 16 + 2 * 16 + 2 * 32 + 2 * 3 * 4 + 2 * 2 * 4)
+    mac += 3 * 4 * 10  # output projection
+    assert common.forward_matmul_flops(dims, batch=1, src_len=2, tgt_len=3) == 2 * mac
+    assert common.training_step_flops(dims, batch=5, src_len=2, tgt_len=3) == 3 * 5 * 2 * mac
+
+
+def test_base_training_flops_match_the_issue_reference():
+    # Marian's 308 target tokens/s at 64x32 were about 65% of 172 GFLOP/s, i.e. ~363 MFLOP per target token.
+    flops = common.training_step_flops(common.BASE, batch=64, src_len=32, tgt_len=32)
+    per_token = flops / (64 * 32)
+    assert 355e6 < per_token < 372e6
+
+
+def test_sgemm_gflops():
+    assert common.sgemm_gflops(1.0, n=1000) == pytest.approx(2.0)
+
+
+def test_format_table():
+    table = common.format_table(["a", "bb"], [[1, "x"], ["long", 2.5]])
+    lines = table.splitlines()
+    assert lines[0] == "| a    | bb  |"
+    assert lines[1] == "|------|-----|"
+    assert lines[3] == "| long | 2.5 |"
+
+
+def test_marian_vocabulary_layout():
+    vocab = common.marian_vocabulary(10)
+    assert vocab[0] == "</s>" and vocab[1] == "<unk>" and vocab[-1] == "<pad>"
+    assert len(set(vocab)) == 10
