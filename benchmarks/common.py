@@ -394,6 +394,13 @@ def write_json(name: str, payload: dict, results_dir: Path = RESULTS_DIR) -> Pat
     return path
 
 
+def save_results(name: str, payload: dict) -> dict:
+    """Write `benchmarks/results/<name>.json`, say where, and return the payload (the end of every benchmark)."""
+    path = write_json(name, payload)
+    print(f"wrote {path.relative_to(ROOT)}")
+    return payload
+
+
 def noise_line(stats: dict[str, dict[str, float]]) -> str:
     """One sentence on how noisy the machine was: the median and worst coefficient of variation over all systems."""
     cvs = sorted(s["cv"] for s in stats.values())

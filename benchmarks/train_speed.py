@@ -143,9 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
         "noise": noise,
         "table": table,
     }
-    path = common.write_json(args.name, payload)
-    print(f"wrote {path.relative_to(common.ROOT)}")
-    return payload
+    return common.save_results(args.name, payload)
 
 
 if __name__ == "__main__":
