@@ -132,7 +132,30 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
-class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
+class TransformerStack(VanillaTransformerPreTrainedModel):
+    """What the encoder and decoder stacks share: the input representation (§3.4, §3.5) and N identical layers."""
+
+    def __init__(self, config: VanillaTransformerConfig, layer_class: type[nn.Module], num_layers: int):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_positions = SinusoidalPositionalEncoding(config.d_model)
+        self.dropout = config.dropout
+        self.layers = nn.ModuleList([layer_class(config, layer_idx=i) for i in range(num_layers)])
+        # Deviation from paper: pre-LN stacks need a final LayerNorm; post-LN (the paper) has none.
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def input_representation(self, inputs_embeds: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
+        """Embeddings × √d_model plus the positional encodings of positions offset, offset + 1, ..., then dropout on
+        the sum (§3.4, §3.5, §5.4). inputs_embeds: (batch, len, d_model) → (batch, len, d_model)."""
+        positions = self.embed_positions(inputs_embeds.shape[1], offset=offset, device=inputs_embeds.device)
+        hidden_states = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)  # (batch, len, d_model)
+        return nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+
+
+class VanillaTransformerEncoder(TransformerStack):
     """The encoder stack: (embeddings × √d_model + PE) → dropout → N × EncoderLayer (§3.1)."""
 
     _can_record_outputs = {
@@ -141,16 +164,7 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
     }
 
     def __init__(self, config: VanillaTransformerConfig):
-        super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_positions = SinusoidalPositionalEncoding(config.d_model)
-        self.dropout = config.dropout
-        self.layers = nn.ModuleList([EncoderLayer(config, layer_idx=i) for i in range(config.encoder_layers)])
-        # Deviation from paper: pre-LN stacks need a final LayerNorm; post-LN (the paper) has none.
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
-        self.gradient_checkpointing = False
-        self.post_init()
+        super().__init__(config, EncoderLayer, config.encoder_layers)
 
     @merge_with_config_defaults
     @capture_outputs
@@ -170,10 +184,7 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
         batch_size, src_len = inputs_embeds.shape[:2]
         _check_mask("attention_mask", attention_mask, batch_size, (src_len,), "the source of shape (batch, src_len)")
 
-        # §3.4, §3.5: scale the embeddings by √d_model and add the positional encodings; dropout on the sum (§5.4).
-        positions = self.embed_positions(src_len, device=inputs_embeds.device)  # (src_len, d_model)
-        hidden_states = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)
-        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = self.input_representation(inputs_embeds)
 
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
@@ -185,7 +196,7 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
         return BaseModelOutput(last_hidden_state=hidden_states)
 
 
-class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
+class VanillaTransformerDecoder(TransformerStack):
     """The decoder stack: (embeddings × √d_model + PE) → dropout → N × DecoderLayer (§3.1).
 
     Positions continue from the cache length, so incremental decoding sees the same encodings as a full pass.
@@ -198,16 +209,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
     }
 
     def __init__(self, config: VanillaTransformerConfig):
-        super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_positions = SinusoidalPositionalEncoding(config.d_model)
-        self.dropout = config.dropout
-        self.layers = nn.ModuleList([DecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)])
-        # Deviation from paper: pre-LN stacks need a final LayerNorm; post-LN (the paper) has none.
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
-        self.gradient_checkpointing = False
-        self.post_init()
+        super().__init__(config, DecoderLayer, config.decoder_layers)
 
     @merge_with_config_defaults
     @capture_outputs
@@ -250,9 +252,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
                 "the encoder output of shape (batch, src_len)",
             )  # fmt: skip
 
-        positions = self.embed_positions(tgt_len, offset=past_len, device=inputs_embeds.device)  # (tgt_len, d_model)
-        hidden_states = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)
-        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = self.input_representation(inputs_embeds, offset=past_len)
 
         mask_over_new_tokens_only = (
             attention_mask is not None
@@ -458,6 +458,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
 
 __all__ = [
     "VanillaTransformerPreTrainedModel",
+    "TransformerStack",
     "VanillaTransformerEncoder",
     "VanillaTransformerDecoder",
     "VanillaTransformerModel",
