@@ -111,6 +111,29 @@ def test_graph_names_and_dynamic_dimensions(export_dir):
             assert dims[3].dim_value == CONFIG["d_model"] // CONFIG["decoder_attention_heads"]
 
 
+def test_optimized_decoder_reads_cached_keys_without_a_transpose(export_dir, tmp_path):
+    """Q Kᵀ must fuse into one FusedMatMul: a Transpose on the cache copies every cached key on every step."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(export_dir / DECODER_FILE), options, providers=["CPUExecutionProvider"])
+    graph = onnx.load(options.optimized_model_filepath, load_external_data=False).graph
+    producers = {out: node for node in graph.node for out in node.output}
+
+    def reads_cache(name: str, depth: int = 0) -> bool:  # a graph input, or a Concat/Reshape/Transpose of one
+        if name.startswith("past_key_values."):
+            return True
+        node = producers.get(name)
+        if node is None or depth > 4 or node.op_type not in ("Concat", "Reshape", "Transpose", "Identity"):
+            return False
+        return any(reads_cache(i, depth + 1) for i in node.input)
+
+    transposed = [n.name for n in graph.node if n.op_type == "Transpose" and reads_cache(n.input[0])]
+    assert transposed == []
+    fused = [n for n in graph.node if n.op_type == "FusedMatMul" and reads_cache(n.input[1])]
+    assert len(fused) == 2 * LAYERS  # self- and cross-attention scores of every layer
+
+
 def test_cache_reorder_graph_gathers_rows(export_dir):
     session = ort.InferenceSession(str(export_dir / REORDER_FILE), providers=["CPUExecutionProvider"])
     heads, d_head = CONFIG["decoder_attention_heads"], CONFIG["d_model"] // CONFIG["decoder_attention_heads"]
