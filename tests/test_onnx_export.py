@@ -200,10 +200,47 @@ def test_int8_variant_has_its_own_output_projection_and_runs(model, export_dir, 
         if node is None:
             break
     assert weights and not weights & lookup_tables
+    # no node left without a consumer (onnxruntime would run it anyway, e.g. a dequantized transposed table)
+    consumed = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    assert [n.name for n in graph.node if not set(n.output) & consumed] == []
     summary = validate_export(model, folder)
     print({k: v for k, v in summary.items() if k != "cases"})
     assert summary["logits"] < 0.5
     assert (folder / DECODER_FILE).stat().st_size < (export_dir / DECODER_FILE).stat().st_size
+
+
+def test_untie_output_projection_replaces_the_transposed_table(tmp_path):
+    """At base size the exporter keeps `MatMul(h, Transpose(table))` (too large to fold): untying must give the
+    MatMul a pre-transposed copy and drop the Transpose, with unchanged outputs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from vanilla_transformer.onnx_export import untie_output_projection
+
+    table = np.random.default_rng(0).standard_normal((11, 6)).astype(np.float32)  # (vocab, d_model)
+    nodes = [
+        helper.make_node("Gather", ["table", "input_ids"], ["hidden"]),
+        helper.make_node("Transpose", ["table"], ["table_t"], perm=[1, 0]),
+        helper.make_node("MatMul", ["hidden", "table_t"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tied",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 11])],
+        [numpy_helper.from_array(table, "table")],
+    )
+    path = tmp_path / "tied.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(path))
+    ids = np.array([3, 0, 10], dtype=np.int64)
+    before = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input_ids": ids})[0]
+
+    assert untie_output_projection(path)
+    untied = onnx.load(str(path)).graph
+    assert [n.op_type for n in untied.node] == ["Gather", "MatMul"]
+    weight = next(i for i in untied.initializer if i.name == untied.node[1].input[1])
+    np.testing.assert_array_equal(numpy_helper.to_array(weight), table.T)
+    after = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input_ids": ids})[0]
+    np.testing.assert_array_equal(after, before)
 
 
 def test_export_rejects_bad_arguments(tmp_path):

@@ -252,6 +252,8 @@ def untie_output_projection(path: Path) -> bool:
     transpose = producers.get(weight_input)
     if node.op_type == "MatMul" and transpose is not None and transpose.op_type == "Transpose":
         source = transpose.input[0]
+        if len(consumers) == 1:  # left in place, onnxruntime would still run it, dequantized, on every step
+            graph.node.remove(transpose)
     elif node.op_type == "Gemm" and any(a.name == "transB" and a.i == 1 for a in node.attribute):
         source = weight_input
         node.attribute.remove(next(a for a in node.attribute if a.name == "transB"))
