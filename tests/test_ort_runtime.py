@@ -99,6 +99,24 @@ def test_search_helpers_match_transformers():
         np.testing.assert_array_equal(process_scores(scores, cur_len, settings), expected)
 
 
+@pytest.mark.parametrize("length", [50, 7 * 256, 5000, 32000 * 4 + 17])
+@pytest.mark.parametrize("k", [1, 8])
+def test_top_k_matches_a_full_stable_sort(length, k):
+    """The blocked search against sorting whole rows, with many ties (scores drawn from a few values)."""
+    from vanilla_transformer_ort.search import top_k
+
+    rng = np.random.default_rng(length + k)
+    scores = rng.integers(-3, 4, (5, length)).astype(np.float32)
+    scores[0] = rng.standard_normal(length)
+    scores[1, -3:] = 9.0  # the largest values in the tail that fills no whole block
+    scores[2] = -np.inf
+    scores[2, length // 3] = 0.0
+    values, indices = top_k(scores, k)
+    order = np.lexsort((np.broadcast_to(np.arange(length), scores.shape), -scores), axis=1)[:, :k]
+    np.testing.assert_array_equal(indices, order)
+    np.testing.assert_array_equal(values, np.take_along_axis(scores, order, axis=1))
+
+
 @pytest.mark.parametrize("with_reorder_graph", [True, False])
 def test_io_binding_path_is_token_identical(model, batch, tmp_path, with_reorder_graph):
     """The path CUDA uses (cache kept in onnxruntime values, beam reordering by the helper graph or, for folders

@@ -74,16 +74,39 @@ def process_scores(scores: np.ndarray, cur_len: int, settings: GenerationSetting
     return scores
 
 
+# Rows longer than this are searched block by block (see `top_k`).
+TOP_K_BLOCK = 256
+
+
+def _ranked(values: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k largest values per row, descending; ties keep their order in the row (stable sort)."""
+    return np.argsort(-values, axis=1, kind="stable")[:, :k]
+
+
 def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, the k largest values in descending order (ties: lower index first) and their indices."""
-    if k < scores.shape[1]:
-        candidates = np.argpartition(-scores, k - 1, axis=1)[:, :k]  # O(n), then sort only k
-    else:
-        candidates = np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
+    """Per row, the k largest values in descending order (ties: lower index first) and their indices.
+
+    Long rows (beam search ranks num_beams x vocab scores per sentence) are searched in blocks of `TOP_K_BLOCK`: the
+    k largest values of a row lie in the k blocks with the largest maxima (ranked by maximum, then position), so only
+    the elements of those blocks, plus the tail that fills no whole block, are sorted. Exact, ties included: every
+    block ranked before the block of a top-k element holds a distinct element ranked before it.
+    """
+    rows, length = scores.shape
+    k = min(k, length)
+    blocks = length // TOP_K_BLOCK
+    if blocks <= 2 * k:
+        order = _ranked(scores, k)
+        return np.take_along_axis(scores, order, axis=1), order
+    body = blocks * TOP_K_BLOCK
+    maxima = scores[:, :body].reshape(rows, blocks, TOP_K_BLOCK).max(axis=2)  # (rows, blocks)
+    best_blocks = np.sort(_ranked(maxima, k), axis=1)  # ascending, so candidates stay in index order
+    candidates = (best_blocks[:, :, None] * TOP_K_BLOCK + np.arange(TOP_K_BLOCK)).reshape(rows, -1)
+    if body < length:
+        tail = np.broadcast_to(np.arange(body, length), (rows, length - body))
+        candidates = np.concatenate([candidates, tail], axis=1)
     values = np.take_along_axis(scores, candidates, axis=1)
-    order = np.lexsort((candidates, -values), axis=1)
-    indices = np.take_along_axis(candidates, order, axis=1)
-    return np.take_along_axis(scores, indices, axis=1), indices
+    order = _ranked(values, k)
+    return np.take_along_axis(values, order, axis=1), np.take_along_axis(candidates, order, axis=1)
 
 
 def greedy_search(state: DecoderState, batch_size: int, settings: GenerationSettings) -> np.ndarray:
