@@ -96,7 +96,7 @@ def test_search_helpers_match_transformers():
     for cur_len in range(1, 7):
         ids = torch.ones(3, cur_len, dtype=torch.long)
         expected = forced(ids, min_new(ids, torch.from_numpy(scores))).numpy()
-        np.testing.assert_array_equal(process_scores(scores, cur_len, settings), expected)
+        np.testing.assert_array_equal(process_scores(scores.copy(), cur_len, settings), expected)
 
 
 @pytest.mark.parametrize("length", [50, 7 * 256, 5000, 32000 * 4 + 17])

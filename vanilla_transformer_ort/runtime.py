@@ -131,10 +131,21 @@ class _NumpyState:
         self.past = {
             name.replace("present.", "past_key_values.", 1): v for name, v in outputs.items() if name != "logits"
         }
-        return outputs["logits"][:, -1, :].astype(np.float32)
+        return np.asarray(outputs["logits"][:, -1, :], dtype=np.float32)  # (rows, vocab), a view for fp32
 
     def reorder(self, rows: np.ndarray) -> None:
-        self.past = {name: value[rows] for name, value in self.past.items()}
+        """Keep cache rows `rows`, in place: only rows whose beam changed are copied.
+
+        The cache arrays are the decoder's own outputs, so they can be overwritten. A gather into fresh arrays copied
+        the whole cache twice per step, into memory the OS had to page in each time: at beam 4, batch 16 and base
+        size that cost a third of the decoder run.
+        """
+        changed = np.flatnonzero(rows != np.arange(rows.shape[0]))
+        if changed.size == 0:
+            return
+        sources = rows[changed]
+        for value in self.past.values():
+            value[changed] = value[sources]  # the right side is gathered first, so overlapping rows are safe
 
 
 class _BoundState:

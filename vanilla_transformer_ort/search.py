@@ -57,16 +57,15 @@ class GenerationSettings:
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax in float32."""
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    """Row-wise log-softmax in float32, computed in place (`logits` is overwritten and returned)."""
+    shifted = np.subtract(logits, logits.max(axis=-1, keepdims=True), out=logits)
+    return np.subtract(shifted, np.log(np.exp(shifted).sum(axis=-1, keepdims=True)), out=shifted)
 
 
 def process_scores(scores: np.ndarray, cur_len: int, settings: GenerationSettings) -> np.ndarray:
-    """transformers' min-length and forced-EOS processors; `cur_len` counts the decoder start token."""
+    """transformers' min-length and forced-EOS processors, in place; `cur_len` counts the decoder start token."""
     max_length = settings.max_new_tokens + 1
     if settings.eos_token_ids and cur_len < settings.min_new_tokens + 1:
-        scores = scores.copy()
         scores[:, settings.eos_token_ids] = -np.inf
     if settings.forced_eos_token_id is not None and cur_len == max_length - 1:
         scores = np.full_like(scores, -np.inf)
@@ -79,8 +78,22 @@ TOP_K_BLOCK = 256
 
 
 def _ranked(values: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the k largest values per row, descending; ties keep their order in the row (stable sort)."""
-    return np.argsort(-values, axis=1, kind="stable")[:, :k]
+    """Positions of the k largest values per row, descending; ties keep their order in the row.
+
+    Wide rows are partitioned first and only the k chosen are sorted; rows where a tie straddles the k-th place
+    (which partitioning would settle arbitrarily) are sorted whole, stably.
+    """
+    if values.shape[1] <= 4 * k:
+        return np.argsort(-values, axis=1, kind="stable")[:, :k]
+    chosen = np.argpartition(-values, k - 1, axis=1)[:, :k]
+    chosen_values = np.take_along_axis(values, chosen, axis=1)
+    order = np.lexsort((chosen, -chosen_values), axis=1)
+    ranked = np.take_along_axis(chosen, order, axis=1)
+    kth = chosen_values.min(axis=1, keepdims=True)
+    tied = np.flatnonzero((values >= kth).sum(axis=1) > k)
+    if tied.size:
+        ranked[tied] = np.argsort(-values[tied], axis=1, kind="stable")[:, :k]
+    return ranked
 
 
 def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -170,9 +183,9 @@ def beam_search(state: DecoderState, batch_size: int, settings: GenerationSettin
     cur_len = prompt_len
     while True:
         last = running[:, :, cur_len - 1].reshape(-1, 1)
-        log_probs = process_scores(log_softmax(state.step(last)), cur_len, settings)
+        log_probs = process_scores(log_softmax(state.step(last)), cur_len, settings)  # (batch * beams, vocab)
         vocab = log_probs.shape[-1]
-        log_probs = log_probs.reshape(batch_size, num_beams, vocab) + running_scores[:, :, None]
+        log_probs += running_scores.reshape(-1, 1)
         topk_scores, topk_indices = top_k(log_probs.reshape(batch_size, num_beams * vocab), beams_to_keep)
 
         # c. the top continuations over all beams of a sentence
