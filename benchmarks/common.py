@@ -397,7 +397,7 @@ def write_json(name: str, payload: dict, results_dir: Path = RESULTS_DIR) -> Pat
 def save_results(name: str, payload: dict) -> dict:
     """Write `benchmarks/results/<name>.json`, say where, and return the payload (the end of every benchmark)."""
     path = write_json(name, payload)
-    print(f"wrote {path.relative_to(ROOT)}")
+    print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return payload
 
 

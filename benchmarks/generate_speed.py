@@ -92,21 +92,16 @@ def ct2_generate(path: Path, threads: int) -> Generate:
 
 
 def ort_generate(path: Path, threads: int) -> Generate:
-    from unittest import mock
-
-    from vanilla_transformer_ort import OrtTranslator, runtime
+    from vanilla_transformer_ort import OrtTranslator
 
     # onnxruntime's own thread pool spins like OpenMP's ACTIVE policy; follow the policy the other systems run with.
     spinning = "0" if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE" else "1"
-
-    def session_options(intra_op_num_threads: int):
-        options = base_options(intra_op_num_threads)
-        options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
-        return options
-
-    base_options = runtime.session_options
-    with mock.patch.object(runtime, "session_options", session_options):
-        translator = OrtTranslator(path, provider="cpu", intra_op_num_threads=threads)
+    translator = OrtTranslator(
+        path,
+        provider="cpu",
+        intra_op_num_threads=threads,
+        session_config={"session.intra_op.allow_spinning": spinning},
+    )
 
     def run(ids: np.ndarray, num_beams: int) -> list[list[int]]:
         out = translator.generate(

@@ -202,6 +202,20 @@ def test_bad_provider_names_the_problem():
             OrtTranslator(trained_export_dir(), provider="cuda")
 
 
+def test_session_options_reach_onnxruntime(model, batch):
+    from vanilla_transformer_ort.runtime import session_options
+
+    options = session_options(2, config_entries={"session.intra_op.allow_spinning": "0"})
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert not options.enable_cpu_mem_arena and session_options(1, enable_cpu_mem_arena=True).enable_cpu_mem_arena
+    with pytest.raises(ValueError, match="intra_op_num_threads"):
+        session_options(0)
+    arena = OrtTranslator(trained_export_dir(), provider="cpu", enable_cpu_mem_arena=True)
+    ids, mask = batch[0].numpy(), batch[1].numpy()
+    expected = _generate(model, batch, num_beams=2, max_new_tokens=6)
+    np.testing.assert_array_equal(arena.generate(ids, mask, num_beams=2, max_new_tokens=6), expected)
+
+
 def test_bad_inputs_name_the_problem(translator, batch):
     ids, mask = batch[0].numpy(), batch[1].numpy()
     with pytest.raises(ValueError, match="input_ids must be an integer array, got dtype float32"):
