@@ -12,6 +12,8 @@ from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .linear import Linear
+
 
 def eager_attention_forward(
     module: nn.Module,
@@ -79,10 +81,10 @@ class MultiHeadAttention(nn.Module):
         self.is_causal = is_causal  # read by the sdpa and flash backends when no mask is given
         self.layer_idx = layer_idx
 
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.q_proj = Linear(d_model, d_model)
+        self.k_proj = Linear(d_model, d_model)
+        self.v_proj = Linear(d_model, d_model)
+        self.out_proj = Linear(d_model, d_model)
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         # (batch, len, d_model) -> (batch, len, heads, d_k) -> (batch, heads, len, d_k)

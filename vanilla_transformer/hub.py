@@ -24,6 +24,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 CODE_FILES = (
     "configuration_vanilla_transformer.py",
     "embeddings.py",
+    "linear.py",
     "attention.py",
     "layers.py",
     "modeling_vanilla_transformer.py",

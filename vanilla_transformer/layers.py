@@ -14,6 +14,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .attention import MultiHeadAttention
+from .linear import Linear
 
 
 class ResidualBlockMixin:
@@ -52,8 +53,8 @@ class EncoderLayer(ResidualBlockMixin, GradientCheckpointingLayer):
         )
         self.self_attn_layer_norm = nn.LayerNorm(d_model, eps=config.layer_norm_eps)
         self.activation_fn = ACT2FN[config.activation_function]
-        self.fc1 = nn.Linear(d_model, config.encoder_ffn_dim)  # W1, b1
-        self.fc2 = nn.Linear(config.encoder_ffn_dim, d_model)  # W2, b2
+        self.fc1 = Linear(d_model, config.encoder_ffn_dim)  # W1, b1
+        self.fc2 = Linear(config.encoder_ffn_dim, d_model)  # W2, b2
         self.final_layer_norm = nn.LayerNorm(d_model, eps=config.layer_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
@@ -83,8 +84,8 @@ class DecoderLayer(ResidualBlockMixin, GradientCheckpointingLayer):
         self.encoder_attn = MultiHeadAttention(config, d_model, heads, config.attention_dropout, layer_idx=layer_idx)
         self.encoder_attn_layer_norm = nn.LayerNorm(d_model, eps=config.layer_norm_eps)
         self.activation_fn = ACT2FN[config.activation_function]
-        self.fc1 = nn.Linear(d_model, config.decoder_ffn_dim)
-        self.fc2 = nn.Linear(config.decoder_ffn_dim, d_model)
+        self.fc1 = Linear(d_model, config.decoder_ffn_dim)
+        self.fc2 = Linear(config.decoder_ffn_dim, d_model)
         self.final_layer_norm = nn.LayerNorm(d_model, eps=config.layer_norm_eps)
 
     def forward(

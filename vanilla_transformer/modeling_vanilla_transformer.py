@@ -28,6 +28,7 @@ from .attention import MultiHeadAttention
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .embeddings import SinusoidalPositionalEncoding
 from .layers import DecoderLayer, EncoderLayer
+from .linear import Linear, packed_weights
 
 logger = logging.get_logger(__name__)
 
@@ -111,6 +112,19 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         # Saved folders load through every Auto class with trust_remote_code=True, where the package is not installed
         # (save_pretrained alone would map only the config and the class being saved).
         self.config.auto_map = {**AUTO_MAP, **(getattr(self.config, "auto_map", None) or {})}
+
+    def set_cpu_weight_packing(self, enabled: bool) -> None:
+        """Turn the packed CPU inference path (`config.cpu_weight_packing`, see `linear.py`) on or off for the
+        decoder's projections and `lm_head`, the products that decoding repeats once per token. Turning it off
+        frees the packed copies."""
+        self.config.cpu_weight_packing = enabled
+        decoders = [m for m in self.modules() if isinstance(m, VanillaTransformerDecoder)]
+        targets = [m for d in decoders for m in d.modules()] + [getattr(self, "lm_head", None)]
+        for module in targets:
+            if isinstance(module, Linear):
+                module.packed_inference = enabled
+                if not enabled:
+                    module.release_packed_weight()
 
     def _init_weights(self, module: nn.Module) -> None:
         """The paper does not state its initialisation; we use fairseq's: Xavier-uniform projections, zero biases,
@@ -210,6 +224,7 @@ class VanillaTransformerDecoder(TransformerStack):
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config, DecoderLayer, config.decoder_layers)
+        self.set_cpu_weight_packing(config.cpu_weight_packing)
 
     @merge_with_config_defaults
     @capture_outputs
@@ -377,10 +392,17 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self._tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
         self.post_init()
+        self.set_cpu_weight_packing(config.cpu_weight_packing)
+
+    def generate(self, *args, **kwargs):
+        """`GenerationMixin.generate`, unchanged in what it returns. On CPU in fp32, with `config.cpu_weight_packing`,
+        the decoder's and `lm_head`'s products run on weights packed once by oneDNN (see `linear.py`)."""
+        with packed_weights(self):
+            return super().generate(*args, **kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

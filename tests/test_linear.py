@@ -1,0 +1,99 @@
+"""`Linear`'s packed CPU decoding path against `nn.functional.linear`, and the model's use of it in `generate()`."""
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from tests.conftest import make_model, padded_batch
+from vanilla_transformer.linear import _PACKED, Linear, _onednn_available, packed_weights
+
+pytestmark = pytest.mark.skipif(not _onednn_available(), reason="torch built without oneDNN: nothing is packed")
+
+
+def _ops(fn) -> set[str]:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {event.name for event in prof.events()}
+
+
+def _packed(module: torch.nn.Module) -> Linear:
+    layer = module if isinstance(module, Linear) else Linear(13, 7)
+    layer.packed_inference = True
+    return layer
+
+
+@pytest.mark.parametrize("shape", [(1, 13), (3, 1, 13), (2, 5, 13)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_path_matches_functional_linear(shape, bias):
+    torch.manual_seed(0)
+    layer = _packed(Linear(13, 7, bias=bias))
+    x = torch.randn(*shape)
+    expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    with torch.no_grad(), packed_weights(layer):
+        assert "mkldnn::_linear_pointwise" in _ops(lambda: layer(x))
+        torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-6)
+    assert "mkldnn::_linear_pointwise" not in _ops(lambda: layer(x))  # the block is closed
+
+
+def test_default_path_with_autograd_or_without_permission():
+    torch.manual_seed(0)
+    layer = _packed(Linear(13, 7))
+    plain = Linear(13, 7)  # packed_inference not set
+    double = _packed(Linear(13, 7)).double()
+    x = torch.randn(4, 13)
+    with packed_weights(layer), packed_weights(plain), packed_weights(double):
+        assert "mkldnn::_linear_pointwise" not in _ops(lambda: layer(x))  # autograd is on: training stays exact
+        layer(x).sum().backward()
+        assert layer.weight.grad is not None
+        with torch.no_grad():
+            assert "mkldnn::_linear_pointwise" not in _ops(lambda: plain(x))
+            assert "mkldnn::_linear_pointwise" not in _ops(lambda: double(x.double()))
+
+
+@pytest.mark.parametrize("update", ["fused_adamw", "copy_", "new_storage"])
+def test_a_changed_weight_is_repacked(update):
+    """A fused optimizer step changes the weight without bumping its version counter: the value sample catches it."""
+    torch.manual_seed(0)
+    layer = _packed(Linear(13, 7))
+    x = torch.randn(4, 13)
+    with torch.no_grad(), packed_weights(layer):
+        layer(x)
+    if update == "fused_adamw":
+        optimizer = torch.optim.AdamW(layer.parameters(), lr=0.5, fused=True)
+        version = layer.weight._version
+        layer(x).square().sum().backward()
+        optimizer.step()
+        assert layer.weight._version == version  # the case the value sample exists for
+    elif update == "copy_":
+        with torch.no_grad():
+            layer.weight.copy_(torch.randn(7, 13))
+    else:
+        layer.weight = torch.nn.Parameter(torch.randn(7, 13))
+    expected = torch.nn.functional.linear(x, layer.weight, layer.bias).detach()
+    with torch.no_grad(), packed_weights(layer):
+        torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_generate_is_unchanged_by_packing():
+    """Greedy and beam search with packed weights against the same model with packing switched off."""
+    model = make_model(seed=3)
+    src, mask = padded_batch()
+    options = dict(max_new_tokens=8, output_scores=True, return_dict_in_generate=True)
+    packed = [model.generate(src, attention_mask=mask, num_beams=b, **options) for b in (1, 3)]
+    assert all(_PACKED.get(m) is not None for m in (model.lm_head, model.model.decoder.layers[0].fc1))
+    assert _PACKED.get(model.model.encoder.layers[0].fc1) is None  # the encoder runs once per source: not packed
+    model.set_cpu_weight_packing(False)
+    assert _PACKED.get(model.lm_head) is None and not model.config.cpu_weight_packing
+    plain = [model.generate(src, attention_mask=mask, num_beams=b, **options) for b in (1, 3)]
+    for a, b in zip(packed, plain, strict=True):
+        torch.testing.assert_close(a.sequences, b.sequences, rtol=0, atol=0)
+        torch.testing.assert_close(torch.stack(a.scores), torch.stack(b.scores), rtol=1e-5, atol=1e-5)
+
+
+def test_config_switch_reaches_every_decoder_projection():
+    model = make_model(seed=3, cpu_weight_packing=False)
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert linears and not any(m.packed_inference for m in linears)
+    model.set_cpu_weight_packing(True)
+    decoder = {id(m) for m in model.model.decoder.modules()} | {id(model.lm_head)}
+    assert all(m.packed_inference == (id(m) in decoder) for m in linears)
