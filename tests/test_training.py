@@ -188,6 +188,27 @@ def test_resume_from_checkpoint_continues_the_same_run(tmp_path, toy_data_dir, t
         torch.testing.assert_close(final["resumed"][key], value, rtol=1e-5, atol=1e-6, msg=key)
 
 
+def test_label_smoothing_runs_in_the_model_loss_with_the_trainers_value(tmp_path, toy_data_dir, toy_tokenizer_dir):
+    """The recipe's ε = 0.1 reaches the model's loss, and gives what transformers' LabelSmoother gives."""
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    tokenizer = AutoTokenizer.from_pretrained(toy_tokenizer_dir)
+    data = _datasets(toy_data_dir, tokenizer)
+    model = tiny_model(tokenizer)
+    args = _training_args(tmp_path, 1)
+    trainer = build_trainer(model, tokenizer, args, _recipe(args, model), data["train"])
+    assert trainer.label_smoother is None and trainer.model_label_smoothing == 0.1
+    batch = trainer.data_collator([{k: data["train"][i][k] for k in ("input_ids", "attention_mask", "labels")}
+                                   for i in range(8)])  # fmt: skip
+    model.eval()
+    with torch.no_grad():
+        ours = trainer.compute_loss(model, dict(batch))
+        unlabelled = {k: v for k, v in batch.items() if k != "labels"}
+        unlabelled["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(batch["labels"])
+        expected = LabelSmoother(epsilon=0.1)(model(**unlabelled), batch["labels"])
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_bf16_autocast_and_gradient_accumulation_run(tmp_path, toy_data_dir, toy_tokenizer_dir):
     tokenizer = AutoTokenizer.from_pretrained(toy_tokenizer_dir)
     data = _datasets(toy_data_dir, tokenizer)

@@ -25,6 +25,7 @@ CODE_FILES = (
     "configuration_vanilla_transformer.py",
     "embeddings.py",
     "linear.py",
+    "loss.py",
     "attention.py",
     "layers.py",
     "modeling_vanilla_transformer.py",

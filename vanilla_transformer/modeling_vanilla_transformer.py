@@ -27,8 +27,9 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .attention import MultiHeadAttention
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .embeddings import SinusoidalPositionalEncoding
-from .layers import DecoderLayer, EncoderLayer
+from .layers import DecoderLayer, EncoderLayer, dropout
 from .linear import Linear, packed_weights
+from .loss import IGNORE_INDEX, token_cross_entropy
 
 logger = logging.get_logger(__name__)
 
@@ -48,22 +49,29 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
 
 
 def seq2seq_cross_entropy(
-    logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    label_smoothing: float = 0.0,
 ) -> torch.Tensor:
-    """Token-level cross-entropy, ignoring -100 labels (no shift: labels are aligned with the logits).
+    """Token-level cross-entropy with optional label smoothing (§5.4), ignoring -100 labels (no shift: labels are
+    aligned with the logits).
 
     Mean over the non-ignored tokens, or their sum divided by `num_items_in_batch` when the Trainer gives it, so that
-    gradient accumulation weighs every token equally.
+    gradient accumulation weighs every token equally. Eager runs use the chunked loss of `loss.py`; compiled graphs
+    use `cross_entropy`, which the compiler fuses itself.
     """
-    loss = nn.functional.cross_entropy(
-        logits.float().flatten(0, 1),  # (batch * tgt_len, vocab)
-        labels.flatten().to(logits.device),
-        ignore_index=-100,
-        reduction="sum" if num_items_in_batch is not None else "mean",
-    )
+    flat_logits = logits.float().flatten(0, 1)  # (batch * tgt_len, vocab)
+    flat_labels = labels.flatten().to(logits.device)
+    if is_torchdynamo_compiling():
+        per_token = nn.functional.cross_entropy(
+            flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="none", label_smoothing=label_smoothing
+        )
+    else:
+        per_token = token_cross_entropy(flat_logits, flat_labels, label_smoothing)
     if num_items_in_batch is not None:
-        loss = loss / num_items_in_batch
-    return loss
+        return per_token.sum() / num_items_in_batch
+    return per_token.sum() / (flat_labels != IGNORE_INDEX).sum()
 
 
 def _check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, allow_ignore: bool = False) -> None:
@@ -166,7 +174,7 @@ class TransformerStack(VanillaTransformerPreTrainedModel):
         the sum (§3.4, §3.5, §5.4). inputs_embeds: (batch, len, d_model) → (batch, len, d_model)."""
         positions = self.embed_positions(inputs_embeds.shape[1], offset=offset, device=inputs_embeds.device)
         hidden_states = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)  # (batch, len, d_model)
-        return nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        return dropout(hidden_states, self.dropout, self.training)
 
 
 class VanillaTransformerEncoder(TransformerStack):
@@ -434,10 +442,12 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
+        label_smoothing: float = 0.0,
         **kwargs,
     ) -> Seq2SeqLMOutput:
         """As `VanillaTransformerModel.forward`, plus `labels` (batch, tgt_len) with -100 for ignored positions:
-        when given, the loss is returned and missing decoder inputs are the labels shifted right."""
+        when given, the loss is returned and missing decoder inputs are the labels shifted right.
+        `label_smoothing` is ε of §5.4 (`TranslationTrainer` passes the Trainer's `label_smoothing_factor`)."""
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         if labels is not None:
             _check_token_ids("labels", labels, self.config.vocab_size, allow_ignore=True)
@@ -464,7 +474,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
                 raise ValueError(
                     f"`labels` has shape {tuple(labels.shape)} but the decoder produced {tuple(logits.shape[:2])}."
                 )
-            loss = seq2seq_cross_entropy(logits, labels, num_items_in_batch)
+            loss = seq2seq_cross_entropy(logits, labels, num_items_in_batch, label_smoothing)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,

@@ -6,6 +6,7 @@ length (§5.1), which the stock Trainer cannot build. Runs unchanged under `acce
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -217,12 +218,27 @@ def apply_paper_recipe(
 
 
 class TranslationTrainer(Seq2SeqTrainer):
-    """`Seq2SeqTrainer` plus token-budget batches (distinct per rank) and the paper's learning-rate schedule."""
+    """`Seq2SeqTrainer` plus token-budget batches (distinct per rank) and the paper's learning-rate schedule.
+
+    Label smoothing (`label_smoothing_factor`, §5.4) is computed by the model's own loss (`loss.py`) instead of the
+    Trainer's `LabelSmoother`: the same value, without the log-softmax tensors of (tokens, vocab) floats.
+    """
 
     def __init__(self, *args, max_tokens: int | None = None, lr_schedule: str = "noam", **kwargs):
         super().__init__(*args, **kwargs)
         self.max_tokens = max_tokens
         self.lr_schedule = lr_schedule
+        self.model_label_smoothing = 0.0
+        model = self.accelerator.unwrap_model(self.model)
+        if self.label_smoother is not None and "label_smoothing" in inspect.signature(model.forward).parameters:
+            self.model_label_smoothing, self.label_smoother = self.label_smoother.epsilon, None
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.model_label_smoothing and "labels" in inputs:
+            inputs = {**inputs, "label_smoothing": self.model_label_smoothing}
+        return super().compute_loss(
+            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+        )
 
     def get_train_dataloader(self) -> DataLoader:
         if not self.max_tokens:

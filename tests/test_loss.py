@@ -1,0 +1,64 @@
+"""The chunked cross-entropy with label smoothing against torch's `cross_entropy` and transformers' `LabelSmoother`."""
+
+import pytest
+import torch
+from transformers.trainer_pt_utils import LabelSmoother
+
+from tests.conftest import make_model, padded_batch
+from vanilla_transformer import loss as loss_module
+from vanilla_transformer.loss import token_cross_entropy
+
+
+def _case(rows: int = 23, vocab: int = 37, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=g, dtype=torch.float64) * 3
+    labels = torch.randint(0, vocab, (rows,), generator=g)
+    labels[[2, 7, 8]] = -100
+    return logits, labels
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    """Several chunks per call, the last one partial, even on tiny inputs."""
+    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 37 * 5)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.5])
+def test_values_and_gradients_match_torch_cross_entropy(smoothing):
+    logits, labels = _case()
+    ours_in, ref_in = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    ours = token_cross_entropy(ours_in, labels, smoothing)
+    ref = torch.nn.functional.cross_entropy(ref_in, labels, reduction="none", label_smoothing=smoothing)
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+    weights = torch.rand(len(labels), dtype=torch.float64)  # a non-uniform upstream gradient
+    (ours * weights).sum().backward()
+    (ref * weights).sum().backward()
+    torch.testing.assert_close(ours_in.grad, ref_in.grad, rtol=1e-12, atol=1e-12)
+    assert torch.all(ours_in.grad[[2, 7, 8]] == 0)
+
+
+def test_gradcheck():
+    logits, labels = _case(rows=9, vocab=11)
+    assert torch.autograd.gradcheck(lambda z: token_cross_entropy(z, labels, 0.1), logits.requires_grad_())
+
+
+def test_model_loss_matches_transformers_label_smoother():
+    model = make_model(seed=4)
+    src, mask = padded_batch()
+    labels = src.clone()
+    labels[mask == 0] = -100
+    with torch.no_grad():
+        out = model(input_ids=src, attention_mask=mask, labels=labels, label_smoothing=0.1)
+        expected = LabelSmoother(epsilon=0.1)(out, labels)  # log-softmax, gather, mean over active tokens
+        torch.testing.assert_close(out.loss, expected, rtol=1e-5, atol=1e-6)
+        plain = model(input_ids=src, attention_mask=mask, labels=labels)
+        flat = torch.nn.functional.cross_entropy(plain.logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        torch.testing.assert_close(plain.loss, flat, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_arguments_are_named():
+    logits, labels = _case()
+    with pytest.raises(ValueError, match="label_smoothing"):
+        token_cross_entropy(logits, labels, 1.0)
+    with pytest.raises(ValueError, match="logits"):
+        token_cross_entropy(logits[None], labels)
