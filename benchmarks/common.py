@@ -313,7 +313,7 @@ def prepare_artifacts(workdir: Path = DEFAULT_WORKDIR, with_onnx: bool = True, l
     if with_onnx and onnx_available():
         for quantization in ("fp32", "int8"):
             out = paths[f"onnx-{quantization}"]
-            if not (out / "onnx_manifest.json").exists():
+            if not (out / "manifest.json").exists():  # written last by the exporter
                 log(f"exporting vanilla-transformer to ONNX ({quantization}) in {out}")
                 _, times[f"onnx-{quantization}"] = timed(
                     lambda q=quantization, o=out: export_onnx(paths["vanilla"], o, q)

@@ -20,6 +20,7 @@ from benchmarks import common
 PATHS = [
     "transformers Marian",
     "vanilla PyTorch",
+    "vanilla PyTorch, packing off",
     "CTranslate2 fp32",
     "CTranslate2 int8",
     "vanilla ORT fp32",
@@ -37,12 +38,13 @@ def child(system: str, workdir: Path, threads: int) -> dict:
     folder = {
         "transformers Marian": workdir / "marian",
         "vanilla PyTorch": workdir / "vanilla",
+        "vanilla PyTorch, packing off": workdir / "vanilla",
         "CTranslate2 fp32": workdir / "ct2-fp32",
         "CTranslate2 int8": workdir / "ct2-int8",
         "vanilla ORT fp32": workdir / "onnx-fp32",
         "vanilla ORT int8": workdir / "onnx-int8",
     }[system]
-    if system in ("transformers Marian", "vanilla PyTorch"):
+    if system == "transformers Marian" or system.startswith("vanilla PyTorch"):
         import torch
 
         torch.set_num_threads(threads)
@@ -50,7 +52,10 @@ def child(system: str, workdir: Path, threads: int) -> dict:
             from transformers import MarianMTModel as model_class
         else:
             from vanilla_transformer import VanillaTransformerForConditionalGeneration as model_class
-        generate = gs.hf_generate(model_class.from_pretrained(folder).eval())
+        model = model_class.from_pretrained(folder).eval()
+        if system.endswith("packing off"):  # without the packed decoder weights (config.cpu_weight_packing)
+            model.set_cpu_weight_packing(False)
+        generate = gs.hf_generate(model)
     elif system.startswith("CTranslate2"):
         generate = gs.ct2_generate(folder, threads)
     else:
