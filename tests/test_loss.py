@@ -62,3 +62,18 @@ def test_bad_arguments_are_named():
         token_cross_entropy(logits, labels, 1.0)
     with pytest.raises(ValueError, match="logits"):
         token_cross_entropy(logits[None], labels)
+
+
+def test_accelerator_tensors_take_torch_cross_entropy(monkeypatch):
+    """The chunked loss is sized for CPU caches; on other devices (here: meta) the fused torch kernel is used."""
+    from vanilla_transformer import modeling_vanilla_transformer as modeling
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the chunked CPU loss ran on a non-CPU tensor")
+
+    monkeypatch.setattr(modeling, "token_cross_entropy", fail)
+    logits = torch.empty(2, 5, 37, device="meta")
+    labels = torch.zeros(2, 5, dtype=torch.long, device="meta")
+    assert modeling.seq2seq_cross_entropy(logits, labels, label_smoothing=0.1).shape == ()
+    with pytest.raises(AssertionError, match="chunked CPU loss"):
+        modeling.seq2seq_cross_entropy(torch.zeros(2, 5, 37), torch.zeros(2, 5, dtype=torch.long))

@@ -58,12 +58,12 @@ def seq2seq_cross_entropy(
     aligned with the logits).
 
     Mean over the non-ignored tokens, or their sum divided by `num_items_in_batch` when the Trainer gives it, so that
-    gradient accumulation weighs every token equally. Eager runs use the chunked loss of `loss.py`; compiled graphs
-    use `cross_entropy`, which the compiler fuses itself.
+    gradient accumulation weighs every token equally. Eager CPU runs use the chunked loss of `loss.py` (its chunks
+    are sized for CPU caches); accelerators and compiled graphs use `cross_entropy`, one fused kernel there.
     """
     flat_logits = logits.float().flatten(0, 1)  # (batch * tgt_len, vocab)
     flat_labels = labels.flatten().to(logits.device)
-    if is_torchdynamo_compiling():
+    if flat_logits.device.type != "cpu" or is_torchdynamo_compiling():
         per_token = nn.functional.cross_entropy(
             flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="none", label_smoothing=label_smoothing
         )
