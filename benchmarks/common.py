@@ -394,6 +394,11 @@ def write_json(name: str, payload: dict, results_dir: Path = RESULTS_DIR) -> Pat
     return path
 
 
+def command_line(benchmark: str, argv: list[str] | None) -> str:
+    """The command that reproduces this run, as recorded in its results file."""
+    return f"python -m benchmarks.{benchmark} " + " ".join(argv if argv is not None else sys.argv[1:])
+
+
 def save_results(name: str, payload: dict) -> dict:
     """Write `benchmarks/results/<name>.json`, say where, and return the payload (the end of every benchmark)."""
     path = write_json(name, payload)

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\nfresh process per export, {args.rounds} interleaved rounds; imports not included")
     payload = {
         "benchmark": "export_time",
-        "command": "python -m benchmarks.export_time " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": common.command_line("export_time", argv),
         "machine": common.machine_info(),
         "results": results,
         "table": table,

@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(noise)
     payload = {
         "benchmark": "generate_speed",
-        "command": "python -m benchmarks.generate_speed " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": common.command_line("generate_speed", argv),
         "machine": machine,
         "settings": {"source_len": SOURCE_LEN, "new_tokens": NEW_TOKENS, "rounds": args.rounds, "warmup": args.warmup},
         "results": results,

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\nfresh process per path; beam {NUM_BEAMS}, batch {BATCH}, 24 -> 32 tokens, {args.threads} threads")
     payload = {
         "benchmark": "memory",
-        "command": "python -m benchmarks.memory " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": common.command_line("memory", argv),
         "machine": common.machine_info(args.threads),
         "results": results,
         "table": table,

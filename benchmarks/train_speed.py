@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(noise)
     payload = {
         "benchmark": "train_speed",
-        "command": "python -m benchmarks.train_speed " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": common.command_line("train_speed", argv),
         "machine": machine,
         "settings": vars(args) | {"seq_len": SEQ_LEN},
         "sgemm_peak_gflops": peak,

@@ -21,6 +21,16 @@ def _pyplot():
     return plt
 
 
+def _save(figure, path: str | os.PathLike) -> Path:
+    """Lay out, write (creating the folder) and close a figure; returns its path."""
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    _pyplot().close(figure)
+    return path
+
+
 def plot_training_curves(log_history: list[dict], path: str | os.PathLike) -> Path:
     """Training loss, evaluation loss and evaluation BLEU/chrF against the optimizer step, as one PNG."""
     plt = _pyplot()
@@ -44,12 +54,7 @@ def plot_training_curves(log_history: list[dict], path: str | os.PathLike) -> Pa
         axis.grid(alpha=0.3)
         if axis.get_legend_handles_labels()[0]:
             axis.legend()
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
 
 
 @torch.no_grad()
@@ -93,9 +98,4 @@ def plot_cross_attention(model, tokenizer, source: str, path: str | os.PathLike)
     axis.set(xlabel="source token", ylabel="decoder input token")
     axis.set_title(f"Cross-attention, last layer, head mean\n{source[:60]!r} → {translation[:60]!r}", fontsize=9)
     figure.colorbar(image, ax=axis, fraction=0.04)
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
