@@ -185,6 +185,27 @@ def training_step_flops(dims: Dims, batch: int, src_len: int, tgt_len: int) -> i
     return 3 * forward_matmul_flops(dims, batch, src_len, tgt_len)
 
 
+def generation_matmul_flops(dims: Dims, batch: int, num_beams: int, src_len: int, new_tokens: int) -> int:
+    """Multiply-add FLOPs of a cached generation that runs exactly `new_tokens` decoder steps: the least matmul work
+    any implementation of the same search does.
+
+    The encoder and the cross-attention keys/values run once per source sentence (not once per beam). Every step runs
+    the decoder on `batch * num_beams` rows of one new token each: the six projections, the FFN, the self-attention
+    over the cache plus the new token, the cross-attention over the source and the output projection to the vocabulary
+    (every row needs all its log-probabilities: beam search ranks them all). Element-wise work is left out.
+    """
+    d, ff = dims.d_model, dims.d_ff
+    linear = 2 * d * d
+    encoder_token = dims.encoder_layers * (4 * linear + 2 * 2 * d * ff + 2 * 2 * src_len * d)
+    cross_kv_source_token = dims.decoder_layers * 2 * linear
+    step_row = dims.decoder_layers * (4 * linear + 2 * linear + 2 * 2 * d * ff + 2 * 2 * src_len * d)
+    step_row += 2 * d * dims.vocab_size
+    attended = sum(range(1, new_tokens + 1))  # step t attends over t positions (t - 1 cached, 1 new)
+    self_attention = dims.decoder_layers * 2 * 2 * d * attended
+    rows = batch * num_beams
+    return batch * src_len * (encoder_token + cross_kv_source_token) + rows * (new_tokens * step_row + self_attention)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The peers, built locally with random weights
 

@@ -5,8 +5,12 @@
 
 Cases: greedy at batch 1 and beam 4 at batch 16, a 24-token source, exactly 32 new tokens (EOS banned until then:
 `min_new_tokens = max_new_tokens`). Each figure is the best of `--repeats` runs after one warm-up, PyTorch and the
-two exports taking turns. With `--model` and `--eval-tsv` it also reports the BLEU of the fp32 and int8 exports of
-that model (the int8 accuracy cost).
+two exports taking turns with an fp32 matmul (torch.mm 2048^3, this machine's sgemm peak). With `--model` and
+`--eval-tsv` it also reports the BLEU of the fp32 and int8 exports of that model (the int8 accuracy cost).
+
+Each case also prints its fp32 floor: the generation's matmul FLOPs (`benchmarks.common.generation_matmul_flops`)
+at the sgemm peak, and so the largest speedup over PyTorch that any fp32 runtime could reach on this machine.
+Results go to `benchmarks/results/onnx_speed.json`.
 """
 
 from __future__ import annotations
@@ -25,18 +29,20 @@ import torch  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
+from benchmarks import common  # noqa: E402
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
 from vanilla_transformer.onnx_export import export_model  # noqa: E402
 from vanilla_transformer_ort import OrtTranslator  # noqa: E402
 
 CASES = [("greedy", 1, 1), ("beam 4", 4, 16)]  # (name, num_beams, batch)
 TARGETS = {"fp32": 2.0, "int8": 4.0}
+SGEMM_N = 2048
 
 
-def random_base_model(folder: Path, vocab_size: int) -> None:
-    """Base-preset dimensions with random weights, plus a word-level tokenizer so the export is complete."""
+def random_model(folder: Path, vocab_size: int, preset: str = "base") -> None:
+    """A preset's dimensions with random weights, plus a word-level tokenizer so the export is complete."""
     torch.manual_seed(0)
-    config = VanillaTransformerConfig.from_preset("base", vocab_size=vocab_size)
+    config = VanillaTransformerConfig.from_preset(preset, vocab_size=vocab_size)
     VanillaTransformerForConditionalGeneration(config).save_pretrained(folder)
     vocab = {token: i for i, token in enumerate(["<pad>", "<s>", "</s>", "<unk>"])}
     vocab.update({f"w{i}": i for i in range(4, vocab_size)})
@@ -78,21 +84,30 @@ def agreement(reference: np.ndarray, other: np.ndarray) -> str:
     return f"{np.mean(reference == other):.1%} of tokens"
 
 
-def bleu_change(model_dir: Path, folders: dict[str, Path], tsv: Path, limit: int, threads: int) -> None:
+def bleu_change(model_dir: Path, folders: dict[str, Path], tsv: Path, limit: int, threads: int) -> dict[str, float]:
     import sacrebleu
 
     rows = [line.rstrip("\n").split("\t") for line in tsv.read_text(encoding="utf-8").splitlines()[1 : limit + 1]]
     sources, references = [r[0] for r in rows], [r[1] for r in rows]
+    scores = {}
     for name, folder in folders.items():
         translator = OrtTranslator(folder, provider="cpu", intra_op_num_threads=threads)
         hypotheses = []
         for start in range(0, len(sources), 32):
             hypotheses += translator.translate(sources[start : start + 32], num_beams=4)
-        score = sacrebleu.corpus_bleu(hypotheses, [references]).score
-        print(f"BLEU {name:5s} {score:6.2f}  ({len(sources)} sentences, beam 4)")
+        scores[name] = sacrebleu.corpus_bleu(hypotheses, [references]).score
+        print(f"BLEU {name:5s} {scores[name]:6.2f}  ({len(sources)} sentences, beam 4)")
+    return scores
 
 
-def main() -> None:
+def sgemm_run():
+    """One fp32 (n x n) @ (n x n) torch.mm, timed in the same turns: this machine's peak fp32 matmul rate."""
+    a, b = torch.randn(SGEMM_N, SGEMM_N), torch.randn(SGEMM_N, SGEMM_N)
+    out = torch.empty(SGEMM_N, SGEMM_N)
+    return lambda: torch.mm(a, b, out=out)
+
+
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=None, help="trained model folder (default: random base)")
     parser.add_argument("--work-dir", type=Path, default=None, help="where exports go (default: a temp dir)")
@@ -103,7 +118,8 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=32000)
     parser.add_argument("--eval-tsv", type=Path, default=None, help="source<TAB>reference file for the BLEU change")
     parser.add_argument("--eval-limit", type=int, default=300)
-    args = parser.parse_args()
+    parser.add_argument("--name", default="onnx_speed", help="results file name under benchmarks/results/")
+    args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="onnx-speed-"))
@@ -111,7 +127,7 @@ def main() -> None:
     if model_dir is None:
         model_dir = work / "model"
         if not (model_dir / "config.json").is_file():
-            random_base_model(model_dir, args.vocab_size)
+            random_model(model_dir, args.vocab_size)
     folders = {"fp32": work / "onnx-fp32", "int8": work / "onnx-int8"}
     for name, folder in folders.items():
         if not (folder / "decoder_model.onnx").is_file():
@@ -130,21 +146,67 @@ def main() -> None:
     )
     header = f"{'case':18s} {'PyTorch':>10s} {'ORT fp32':>10s} {'speedup':>8s} {'ORT int8':>10s} {'speedup':>8s}"
     print(header + "  fp32 tokens == PyTorch   int8 tokens == fp32")
+    dims = common.Dims(
+        d_model=config.d_model,
+        d_ff=config.encoder_ffn_dim,
+        encoder_layers=config.encoder_layers,
+        decoder_layers=config.decoder_layers,
+        heads=config.encoder_attention_heads,
+        vocab_size=config.vocab_size,
+    )
+    cases, floors = {}, []
     for name, num_beams, batch in CASES:
         source = source_batch(batch, args.source_len, config.vocab_size)
         options = {"num_beams": num_beams, "max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens}
         runs = {"torch": functools.partial(torch_generate, model, source, options)}
         runs.update({n: functools.partial(t.generate, *source, **options) for n, t in translators.items()})
+        runs["sgemm"] = sgemm_run()
         results = interleaved_best(args.repeats, runs)
         (torch_s, torch_out), (fp32_s, fp32_out), (int8_s, int8_out) = (results[n] for n in ("torch", "fp32", "int8"))
+        label = f"{name} batch {batch}"
         print(
-            f"{name + f' batch {batch}':18s} {torch_s * 1e3:8.0f}ms {fp32_s * 1e3:8.0f}ms {torch_s / fp32_s:7.2f}x "
+            f"{label:18s} {torch_s * 1e3:8.0f}ms {fp32_s * 1e3:8.0f}ms {torch_s / fp32_s:7.2f}x "
             f"{int8_s * 1e3:8.0f}ms {torch_s / int8_s:7.2f}x  {agreement(torch_out, fp32_out):22s}  "
             f"{agreement(fp32_out, int8_out)}"
         )
+        peak = common.sgemm_gflops(results["sgemm"][0], SGEMM_N)
+        flops = common.generation_matmul_flops(dims, batch, num_beams, args.source_len, args.new_tokens)
+        floor_s = flops / (peak * 1e9)
+        floors.append(
+            f"{label}: {flops / 1e9:.1f} GFLOP of matmuls at the sgemm peak ({peak:.0f} GFLOP/s) take "
+            f"{floor_s * 1e3:.0f} ms, PyTorch's time / {torch_s / floor_s:.2f}"
+        )
+        cases[label] = {
+            "num_beams": num_beams,
+            "batch": batch,
+            "seconds": {"pytorch": torch_s, "ort_fp32": fp32_s, "ort_int8": int8_s},
+            "speedup": {"ort_fp32": torch_s / fp32_s, "ort_int8": torch_s / int8_s},
+            "tokens": {
+                "fp32_vs_pytorch": agreement(torch_out, fp32_out),
+                "int8_vs_fp32": agreement(fp32_out, int8_out),
+            },
+            "matmul_gflop": flops / 1e9,
+            "sgemm_peak_gflops": peak,
+            "fp32_floor_seconds": floor_s,
+            "max_fp32_speedup": torch_s / floor_s,
+        }
     print(f"targets: ORT fp32 >= {TARGETS['fp32']:.0f}x, ORT int8 >= {TARGETS['int8']:.0f}x PyTorch generate()")
+    print("fp32 floor (the most any fp32 runtime could gain over PyTorch on this machine):")
+    for line in floors:
+        print("  " + line)
+    bleu = None
     if args.eval_tsv is not None:
-        bleu_change(model_dir, folders, args.eval_tsv, args.eval_limit, args.threads)
+        bleu = bleu_change(model_dir, folders, args.eval_tsv, args.eval_limit, args.threads)
+    payload = {
+        "benchmark": "onnx_speed",
+        "command": "python benchmarks/onnx_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": common.machine_info(args.threads),
+        "settings": {"source_len": args.source_len, "new_tokens": args.new_tokens, "repeats": args.repeats},
+        "targets": TARGETS,
+        "cases": cases,
+        "bleu": bleu,
+    }
+    return common.save_results(args.name, payload)
 
 
 if __name__ == "__main__":

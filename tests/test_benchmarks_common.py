@@ -44,6 +44,28 @@ def test_forward_flops_against_a_hand_count():
     assert common.training_step_flops(dims, batch=5, src_len=2, tgt_len=3) == 3 * 5 * 2 * mac
 
 
+def test_generation_flops_against_a_hand_count():
+    # One layer per stack, d=4, d_ff=8, vocab 10; batch 2, 3 beams, source 2 tokens, 2 decoder steps.
+    dims = common.Dims(d_model=4, d_ff=8, encoder_layers=1, decoder_layers=1, heads=2, vocab_size=10)
+    per_sentence = 2 * (4 * 16 + 2 * 32 + 2 * 2 * 4) + 2 * (2 * 16)  # encoder over 2 tokens, cross K/V once
+    per_row_step = 4 * 16 + 2 * 16 + 2 * 32 + 2 * 2 * 4 + 4 * 10  # projections, FFN, cross attention, vocabulary
+    self_attention = 2 * 1 * 4 + 2 * 2 * 4  # step 1 attends over 1 position, step 2 over 2
+    mac = 2 * per_sentence + 6 * (2 * per_row_step + self_attention)
+    assert common.generation_matmul_flops(dims, batch=2, num_beams=3, src_len=2, new_tokens=2) == 2 * mac
+
+
+def test_generation_flops_equal_a_forward_pass_per_prefix():
+    # Greedy at batch 1: step t's work is the last-token slice of a forward pass over t target tokens.
+    dims = common.Dims(d_model=8, d_ff=16, encoder_layers=2, decoder_layers=3, heads=2, vocab_size=11)
+    steps = 5
+    total = common.generation_matmul_flops(dims, batch=1, num_beams=1, src_len=4, new_tokens=steps)
+    full = common.forward_matmul_flops(dims, batch=1, src_len=4, tgt_len=steps)
+    # The forward pass counts each target token's attention over all `steps` positions (a full square);
+    # generation attends over t positions at step t, the lower triangle.
+    square_minus_triangle = dims.decoder_layers * 2 * 2 * dims.d_model * (steps * steps - steps * (steps + 1) // 2)
+    assert total == full - square_minus_triangle
+
+
 def test_base_training_flops_match_the_issue_reference():
     # Marian's 308 target tokens/s at 64x32 were about 65% of 172 GFLOP/s, i.e. ~363 MFLOP per target token.
     flops = common.training_step_flops(common.BASE, batch=64, src_len=32, tgt_len=32)
