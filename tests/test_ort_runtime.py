@@ -207,6 +207,10 @@ def test_session_options_reach_onnxruntime(model, batch):
 
     options = session_options(2, config_entries={"session.intra_op.allow_spinning": "0"})
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    # threads stop spinning when a run ends, unless the caller says otherwise
+    assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+    kept = session_options(2, config_entries={"session.force_spinning_stop": "0"})
+    assert kept.get_session_config_entry("session.force_spinning_stop") == "0"
     assert not options.enable_cpu_mem_arena and session_options(1, enable_cpu_mem_arena=True).enable_cpu_mem_arena
     with pytest.raises(ValueError, match="intra_op_num_threads"):
         session_options(0)
