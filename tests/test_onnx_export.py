@@ -15,6 +15,7 @@ import torch
 
 from tests.onnx_helpers import CONFIG, load_trained_model, trained_export_dir, trained_model_dir
 from vanilla_transformer.onnx_export import (
+    BEAM_SCORES_FILE,
     DECODER_FILE,
     ENCODER_FILE,
     FP32_TOLERANCE,
@@ -25,6 +26,7 @@ from vanilla_transformer.onnx_export import (
     encoder_output_names,
     export_model,
     optimize_variant,
+    write_beam_scores_graph,
 )
 from vanilla_transformer.onnx_validation import GridCase, validate_export, validation_grid
 
@@ -152,8 +154,50 @@ def test_cache_reorder_graph_gathers_rows(export_dir):
         np.testing.assert_array_equal(outputs[name.replace("past_key_values", "reordered")], value[rows])
 
 
+def _rank_like_transformers(logits, running, bias, batch, k):
+    """numpy reference: log_softmax(last logits) + bias + running scores, top k per sentence, ties to lower index."""
+    last = logits[:, -1, :].astype(np.float64)
+    log_probs = last - last.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    scores = (log_probs + bias + running).reshape(batch, -1)
+    order = np.lexsort((np.broadcast_to(np.arange(scores.shape[1]), scores.shape), -scores), axis=1)[:, :k]
+    return np.take_along_axis(scores, order, axis=1), order
+
+
+def _run_beam_scores(folder, logits, running, bias, batch, k):
+    session = ort.InferenceSession(str(folder / BEAM_SCORES_FILE), providers=["CPUExecutionProvider"])
+    feed = {"logits": logits, "running_scores": running, "bias": bias}
+    feed |= {"scores_shape": np.array([batch, -1], dtype=np.int64), "k": np.array([k], dtype=np.int64)}
+    return session.run(None, feed)
+
+
+def _beam_step_inputs(dtype, batch=3, beams=4, vocab=50):
+    """Logits with exact ties (repeated columns, repeated beams) and a banned token, over 2 new positions."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((batch * beams, 2, vocab)).astype(dtype)
+    logits[:, :, 7] = logits[:, :, 3]  # equal scores inside a row
+    logits[1] = logits[0]  # two beams of sentence 0 with equal logits and (below) equal running scores
+    running = rng.standard_normal((batch * beams, 1)).astype(np.float32)
+    running[1] = running[0]
+    bias = np.zeros(vocab, dtype=np.float32)
+    bias[[2, 11]] = -np.inf  # banned tokens (min_new_tokens bans EOS this way)
+    return logits, running, bias
+
+
+def test_beam_scores_graph_ranks_like_transformers(export_dir):
+    logits, running, bias = _beam_step_inputs(np.float32)
+    values, indices = _run_beam_scores(export_dir, logits, running, bias, batch=3, k=8)
+    expected_values, expected_indices = _rank_like_transformers(logits, running, bias, batch=3, k=8)
+    np.testing.assert_array_equal(indices, expected_indices)
+    np.testing.assert_allclose(values, expected_values, rtol=0, atol=1e-5)
+    assert values.dtype == np.float32 and indices.dtype == np.int64
+    vocab = logits.shape[-1]
+    assert not np.isin(indices % vocab, [2, 11]).any()
+
+
 def test_export_folder_is_self_contained(export_dir):
-    for name in (ENCODER_FILE, DECODER_FILE, REORDER_FILE, "config.json", "generation_config.json", "tokenizer.json"):
+    graphs = (ENCODER_FILE, DECODER_FILE, REORDER_FILE, BEAM_SCORES_FILE)
+    for name in (*graphs, "config.json", "generation_config.json", "tokenizer.json"):
         assert (export_dir / name).is_file(), name
     assert (export_dir / MANIFEST_FILE).is_file()
     manifest = json.loads((export_dir / MANIFEST_FILE).read_text())
@@ -183,6 +227,13 @@ def test_fp16_variant_runs_close_to_pytorch(model, export_dir, tmp_path):
     assert summary["logits"] < 2e-2 and summary["present"] < 5e-2
     matrices = [i for i in decoder.initializer if len(i.dims) == 2]  # the weights: all stored in fp16
     assert matrices and all(i.data_type == onnx.TensorProto.FLOAT16 for i in matrices)
+    # the beam-scores helper takes the fp16 logits as they come out of the decoder, and ranks in fp32
+    write_beam_scores_graph(folder)
+    logits, running, bias = _beam_step_inputs(np.float16)
+    values, indices = _run_beam_scores(folder, logits, running, bias, batch=3, k=8)
+    expected_values, expected_indices = _rank_like_transformers(logits, running, bias, batch=3, k=8)
+    np.testing.assert_array_equal(indices, expected_indices)
+    np.testing.assert_allclose(values, expected_values, rtol=0, atol=1e-5)
 
 
 def test_int8_variant_has_its_own_output_projection_and_runs(model, export_dir, tmp_path):

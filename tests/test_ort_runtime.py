@@ -99,6 +99,25 @@ def test_search_helpers_match_transformers():
         np.testing.assert_array_equal(process_scores(scores.copy(), cur_len, settings), expected)
 
 
+def test_score_bias_is_process_scores_as_an_addition():
+    """What `beam_scores.onnx` adds equals the processors, except at the forced-EOS step, which it leaves to numpy."""
+    from vanilla_transformer_ort.search import GenerationSettings, process_scores, score_bias
+
+    scores = np.random.default_rng(1).standard_normal((4, 30)).astype(np.float32)
+    scores[0, 5] = -np.inf  # log_softmax can give -inf; -inf + bias stays -inf
+    for forced in (None, 2):
+        settings = GenerationSettings(
+            decoder_start_token_id=1, eos_token_ids=[2, 9], max_new_tokens=6, min_new_tokens=3
+        )
+        settings.forced_eos_token_id = forced
+        for cur_len in range(1, 7):
+            bias = score_bias(cur_len, settings, 30)
+            if forced is not None and cur_len == 6:
+                assert bias is None
+                continue
+            np.testing.assert_array_equal(scores + bias, process_scores(scores.copy(), cur_len, settings))
+
+
 @pytest.mark.parametrize("length", [50, 7 * 256, 5000, 32000 * 4 + 17])
 @pytest.mark.parametrize("k", [1, 8])
 def test_top_k_matches_a_full_stable_sort(length, k):
@@ -117,16 +136,36 @@ def test_top_k_matches_a_full_stable_sort(length, k):
     np.testing.assert_array_equal(values, np.take_along_axis(scores, order, axis=1))
 
 
-@pytest.mark.parametrize("with_reorder_graph", [True, False])
-def test_io_binding_path_is_token_identical(model, batch, tmp_path, with_reorder_graph):
-    """The path CUDA uses (cache kept in onnxruntime values, beam reordering by the helper graph or, for folders
-    without it, on the host), run here on the CPU device."""
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_new_tokens": 15, "length_penalty": 0.6, "early_stopping": True},
+        {"max_new_tokens": 15, "min_new_tokens": 4},
+        {"max_new_tokens": 5, "forced_eos_token_id": 2},
+    ],
+)
+def test_beam4_without_the_scores_graph_is_token_identical(model, batch, tmp_path, options):
+    """Folders exported before `beam_scores.onnx` existed: numpy ranks the candidates."""
     folder = tmp_path / "export"
     shutil.copytree(trained_export_dir(), folder)
-    if not with_reorder_graph:
-        (folder / "cache_reorder.onnx").unlink()
+    (folder / "beam_scores.onnx").unlink()
+    numpy_ranked = OrtTranslator(folder, provider="cpu")
+    assert numpy_ranked.beam_scores is None
+    expected = _generate(model, batch, num_beams=4, **options)
+    actual = numpy_ranked.generate(batch[0].numpy(), batch[1].numpy(), num_beams=4, **options)
+    np.testing.assert_array_equal(actual, expected)
+
+
+@pytest.mark.parametrize("helper_graphs", [("cache_reorder.onnx", "beam_scores.onnx"), ()])
+def test_io_binding_path_is_token_identical(model, batch, tmp_path, helper_graphs):
+    """The path CUDA uses (cache kept in onnxruntime values; beam reordering and ranking by the helper graphs or, for
+    folders without them, on the host), run here on the CPU device."""
+    folder = tmp_path / "export"
+    shutil.copytree(trained_export_dir(), folder)
+    for name in {"cache_reorder.onnx", "beam_scores.onnx"} - set(helper_graphs):
+        (folder / name).unlink()
     bound = OrtTranslator(folder, provider="cpu", use_io_binding=True)
-    assert (bound.reorder is not None) == with_reorder_graph
+    assert (bound.reorder is not None) == (bound.beam_scores is not None) == bool(helper_graphs)
     for num_beams in (1, 4):
         expected = _generate(model, batch, num_beams=num_beams, max_new_tokens=15)
         actual = bound.generate(batch[0].numpy(), batch[1].numpy(), num_beams=num_beams, max_new_tokens=15)

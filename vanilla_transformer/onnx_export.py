@@ -24,6 +24,7 @@ ENCODER_FILE = "encoder_model.onnx"
 DECODER_FILE = "decoder_model.onnx"
 MANIFEST_FILE = "manifest.json"
 REORDER_FILE = "cache_reorder.onnx"
+BEAM_SCORES_FILE = "beam_scores.onnx"
 DEFAULT_OPSET = 20
 FP32_TOLERANCE = 1e-4
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -317,6 +318,54 @@ def write_cache_reorder_graph(output_dir: Path) -> Path:
     return path
 
 
+def write_beam_scores_graph(output_dir: Path) -> Path:
+    """A weightless helper graph for beam search: one step's candidate scores and their top k, on onnxruntime.
+
+    Inputs: `logits` (rows, new_tokens, V) as the decoder returns them (fp32 or fp16), `running_scores` (rows, 1)
+    float32, `bias` (V,) float32 (0, or -inf for tokens a logit processor bans), `scores_shape` (2,) int64 = [batch,
+    -1] and `k` (1,) int64. Outputs `values` and `indices`, (batch, k): the k largest of
+    `log_softmax(last logits) + bias + running_scores` over each sentence's num_beams x V candidates, in descending
+    order, ties to the lower index (ONNX TopK): what transformers' beam search ranks. onnxruntime's vectorised,
+    threaded kernels do this faster than numpy, and on CUDA only the top k leave the device.
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    decoder = onnx.load(str(output_dir / DECODER_FILE), load_external_data=False)
+    logits_type = next(o for o in decoder.graph.output if o.name == "logits").type.tensor_type.elem_type
+    nodes = [helper.make_node("Gather", ["logits", "last_position"], ["last_logits"], axis=1)]  # (rows, V)
+    if logits_type != TensorProto.FLOAT:
+        nodes.append(helper.make_node("Cast", ["last_logits"], ["last_logits_fp32"], to=TensorProto.FLOAT))
+    nodes += [
+        helper.make_node("LogSoftmax", [nodes[-1].output[0]], ["log_probs"], axis=-1),
+        helper.make_node("Add", ["log_probs", "bias"], ["processed"]),
+        helper.make_node("Add", ["processed", "running_scores"], ["scores"]),
+        helper.make_node("Reshape", ["scores", "scores_shape"], ["sentence_scores"]),  # (batch, num_beams * V)
+        helper.make_node("TopK", ["sentence_scores", "k"], ["values", "indices"], axis=-1, largest=1, sorted=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "beam_scores",
+        [
+            helper.make_tensor_value_info("logits", logits_type, ["rows", "new_tokens", "vocab"]),
+            helper.make_tensor_value_info("running_scores", TensorProto.FLOAT, ["rows", 1]),
+            helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["vocab"]),
+            helper.make_tensor_value_info("scores_shape", TensorProto.INT64, [2]),
+            helper.make_tensor_value_info("k", TensorProto.INT64, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("values", TensorProto.FLOAT, ["batch", "k"]),
+            helper.make_tensor_value_info("indices", TensorProto.INT64, ["batch", "k"]),
+        ],
+        [helper.make_tensor("last_position", TensorProto.INT64, [], [-1])],
+    )
+    model = helper.make_model(graph, opset_imports=list(decoder.opset_import), ir_version=decoder.ir_version)
+    onnx.checker.check_model(model)
+    path = output_dir / BEAM_SCORES_FILE
+    onnx.save(model, str(path))
+    return path
+
+
 def optimize_variant(output_dir: Path, dtype: str, quantize: str | None) -> None:
     """Turn the fp32 graphs in `output_dir` into the requested variant, in place."""
     encoder_path, decoder_path = output_dir / ENCODER_FILE, output_dir / DECODER_FILE
@@ -413,6 +462,7 @@ def export_model(
         if validate:
             report[quantize or dtype] = validate_export(model, output_dir)
     write_cache_reorder_graph(output_dir)
+    write_beam_scores_graph(output_dir)
     model.config.save_pretrained(output_dir)
     model.generation_config.save_pretrained(output_dir)
     manifest = build_manifest(model.config, output_dir, dtype=dtype, quantize=quantize, opset=opset)
@@ -439,6 +489,8 @@ def build_manifest(config, output_dir: Path, *, dtype: str, quantize: str | None
         "decoder_attention_heads": config.decoder_attention_heads,
         "d_model": config.d_model,
         "vocab_size": config.vocab_size,
-        "graphs": {name: _graph_io(output_dir / name) for name in (ENCODER_FILE, DECODER_FILE, REORDER_FILE)},
+        "graphs": {
+            name: _graph_io(output_dir / name) for name in (ENCODER_FILE, DECODER_FILE, REORDER_FILE, BEAM_SCORES_FILE)
+        },
         "files": files,
     }

@@ -21,6 +21,7 @@ logger = logging.getLogger(__name__)
 ENCODER_FILE = "encoder_model.onnx"
 DECODER_FILE = "decoder_model.onnx"
 REORDER_FILE = "cache_reorder.onnx"  # optional helper graph: beam reordering on the device
+BEAM_SCORES_FILE = "beam_scores.onnx"  # optional helper graph: a beam step's log-softmax and top k in onnxruntime
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # onnxruntime session config entries set by default (see `session_options`).
 DEFAULT_SESSION_CONFIG = {"session.force_spinning_stop": "1"}
@@ -136,20 +137,55 @@ def check_token_array(name: str, array: np.ndarray) -> np.ndarray:
     return array.astype(np.int64, copy=False)
 
 
+def scores_feed(running_scores: np.ndarray, bias: np.ndarray, batch_size: int, k: int) -> dict[str, np.ndarray]:
+    """The `beam_scores.onnx` inputs besides the logits."""
+    return {
+        "running_scores": np.ascontiguousarray(running_scores, dtype=np.float32),
+        "bias": bias,
+        "scores_shape": np.array([batch_size, -1], dtype=np.int64),
+        "k": np.array([k], dtype=np.int64),
+    }
+
+
 class _NumpyState:
-    """Decoder cache held as numpy arrays; the runtime feeds them every step (CPU provider)."""
+    """Decoder cache held as numpy arrays; the runtime feeds them every step (CPU provider).
 
-    def __init__(self, session, cross: dict[str, np.ndarray], mask: np.ndarray, past: dict[str, np.ndarray]):
+    With a `scorer` session (`beam_scores.onnx`) it offers `step_top_k`, and beam search ranks its candidates there.
+    """
+
+    def __init__(
+        self,
+        session,
+        cross: dict[str, np.ndarray],
+        mask: np.ndarray,
+        past: dict[str, np.ndarray],
+        vocab_size: int,
+        scorer=None,
+    ):
         self.session, self.cross, self.mask, self.past = session, cross, mask, past
+        self.vocab_size, self.scorer = vocab_size, scorer
         self.output_names = [o.name for o in session.get_outputs()]
+        if scorer is not None:  # without it, beam search ranks in numpy
+            self.step_top_k = self._step_top_k
 
-    def step(self, last_tokens: np.ndarray) -> np.ndarray:
+    def _run(self, last_tokens: np.ndarray) -> np.ndarray:
+        """One decoder step; keeps the presents as the next past and returns the logits (rows, new_tokens, vocab)."""
         feed = {"input_ids": last_tokens, "encoder_attention_mask": self.mask, **self.cross, **self.past}
         outputs = dict(zip(self.output_names, self.session.run(None, feed), strict=True))
         self.past = {
             name.replace("present.", "past_key_values.", 1): v for name, v in outputs.items() if name != "logits"
         }
-        return np.asarray(outputs["logits"][:, -1, :], dtype=np.float32)  # (rows, vocab), a view for fp32
+        return outputs["logits"]
+
+    def step(self, last_tokens: np.ndarray) -> np.ndarray:
+        return np.asarray(self._run(last_tokens)[:, -1, :], dtype=np.float32)  # (rows, vocab), a view for fp32
+
+    def _step_top_k(
+        self, last_tokens: np.ndarray, running_scores: np.ndarray, bias: np.ndarray, batch_size: int, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        feed = {"logits": self._run(last_tokens), **scores_feed(running_scores, bias, batch_size, k)}
+        values, indices = self.scorer.run(None, feed)
+        return values, indices
 
     def reorder(self, rows: np.ndarray) -> None:
         """Keep cache rows `rows`, in place: only rows whose beam changed are copied.
@@ -169,38 +205,70 @@ class _NumpyState:
 class _BoundState:
     """Decoder cache kept on the device through I/O binding: presents of one step are the next step's past.
 
-    Only the logits come back to the host each step. Beam reordering runs the `cache_reorder.onnx` helper graph on
-    the same device; without it (older export folders) the cache rows are gathered on the host instead.
+    Greedy steps bring the logits back to the host. With a `scorer` (`beam_scores.onnx`), beam steps keep the logits
+    on the device too and only the top k candidates come back. Beam reordering runs the `cache_reorder.onnx` helper
+    graph on the same device; without it (older export folders) the cache rows are gathered on the host instead.
     """
 
-    def __init__(self, session, cross: dict, mask: np.ndarray, past: dict, device: str, reorder_session=None):
+    def __init__(
+        self,
+        session,
+        cross: dict,
+        mask: np.ndarray,
+        past: dict,
+        device: str,
+        vocab_size: int,
+        reorder_session=None,
+        scorer=None,
+    ):
         import onnxruntime as ort
 
         self.ort, self.session, self.device, self.reorder_session = ort, session, device, reorder_session
+        self.vocab_size, self.scorer = vocab_size, scorer
         self.binding = session.io_binding()
         self.output_names = [o.name for o in session.get_outputs()]
         self.past_names = [n.replace("present.", "past_key_values.", 1) for n in self.output_names[1:]]
         self.on_device = {name: self._upload(value) for name, value in {**cross, **past}.items()}
         self.on_device["encoder_attention_mask"] = self._upload(mask)
+        if scorer is not None:  # without it, beam search ranks on the host
+            self.step_top_k = self._step_top_k
 
     def _upload(self, array: np.ndarray):
         return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device, 0)
 
-    def step(self, last_tokens: np.ndarray) -> np.ndarray:
+    def _run(self, last_tokens: np.ndarray, logits_on: str):
+        """One decoder step; the presents stay on the device as the next past. Returns the logits OrtValue."""
         binding = self.binding
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(last_tokens))
         for name, value in self.on_device.items():
             binding.bind_ortvalue_input(name, value)
-        binding.bind_output("logits", "cpu")
+        binding.bind_output("logits", logits_on, 0)
         for name in self.output_names[1:]:
             binding.bind_output(name, self.device, 0)
         self.session.run_with_iobinding(binding)
         outputs = binding.get_outputs()
         for name, value in zip(self.past_names, outputs[1:], strict=True):
             self.on_device[name] = value
-        return outputs[0].numpy()[:, -1, :].astype(np.float32)
+        return outputs[0]
+
+    def step(self, last_tokens: np.ndarray) -> np.ndarray:
+        return self._run(last_tokens, "cpu").numpy()[:, -1, :].astype(np.float32)
+
+    def _step_top_k(
+        self, last_tokens: np.ndarray, running_scores: np.ndarray, bias: np.ndarray, batch_size: int, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        logits = self._run(last_tokens, self.device)
+        binding = self.scorer.io_binding()
+        binding.bind_ortvalue_input("logits", logits)
+        for name, value in scores_feed(running_scores, bias, batch_size, k).items():
+            binding.bind_cpu_input(name, value)
+        binding.bind_output("values", "cpu")
+        binding.bind_output("indices", "cpu")
+        self.scorer.run_with_iobinding(binding)
+        values, indices = (value.numpy() for value in binding.get_outputs())
+        return values, indices
 
     def reorder(self, rows: np.ndarray) -> None:
         if self.reorder_session is None:
@@ -260,6 +328,9 @@ class OrtTranslator:
         self.reorder = None  # only used with I/O binding
         if (self.folder / REORDER_FILE).is_file():
             self.reorder = ort.InferenceSession(str(self.folder / REORDER_FILE), options, providers=providers)
+        self.beam_scores = None  # folders exported before it rank beam candidates in numpy
+        if (self.folder / BEAM_SCORES_FILE).is_file():
+            self.beam_scores = ort.InferenceSession(str(self.folder / BEAM_SCORES_FILE), options, providers=providers)
         self.provider = self.decoder.get_providers()[0]
         if requested != self.provider:
             logger.warning("Requested %s, onnxruntime uses %s", requested, self.provider)
@@ -330,9 +401,12 @@ class OrtTranslator:
         past = {
             f"past_key_values.{i}.decoder.{kind}": empty for i in range(self.num_layers) for kind in ("key", "value")
         }
+        vocab_size = self.config["vocab_size"]
         if self.use_io_binding:
-            return _BoundState(self.decoder, cross, mask, past, self.device, self.reorder)
-        return _NumpyState(self.decoder, cross, mask, past)
+            return _BoundState(
+                self.decoder, cross, mask, past, self.device, vocab_size, self.reorder, self.beam_scores
+            )
+        return _NumpyState(self.decoder, cross, mask, past, vocab_size, self.beam_scores)
 
     # -- text level -------------------------------------------------------------------------------------------
 

@@ -19,11 +19,26 @@ LARGE_NEGATIVE = np.float32(-1.0e9)
 
 
 class DecoderState(Protocol):
+    """One decoding run's cache. A state may also offer `step_top_k` (see `ScoringDecoderState`)."""
+
     def step(self, last_tokens: np.ndarray) -> np.ndarray:
         """(rows, 1) int64 -> (rows, vocab) float32 logits of the next token."""
 
     def reorder(self, rows: np.ndarray) -> None:
         """Keep cache rows `rows` (int64, length rows) in that order."""
+
+
+class ScoringDecoderState(DecoderState, Protocol):
+    """A state that also ranks a beam-search step's candidates itself (in onnxruntime, next to the logits)."""
+
+    vocab_size: int
+
+    def step_top_k(
+        self, last_tokens: np.ndarray, running_scores: np.ndarray, bias: np.ndarray, batch_size: int, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Advance like `step`; return the k largest of `log_softmax(logits) + bias + running_scores` per sentence
+        over its num_beams x vocab candidates, descending, ties to the lower index: values (batch, k) float32 and
+        flat indices (batch, k) int64. `running_scores` is (rows, 1), `bias` (vocab,)."""
 
 
 @dataclass
@@ -71,6 +86,19 @@ def process_scores(scores: np.ndarray, cur_len: int, settings: GenerationSetting
         scores = np.full_like(scores, -np.inf)
         scores[:, settings.forced_eos_token_id] = 0
     return scores
+
+
+def score_bias(cur_len: int, settings: GenerationSettings, vocab_size: int) -> np.ndarray | None:
+    """`process_scores` as an additive (vocab,) float32 bias, 0 or -inf, or None where it is not one (forced EOS).
+
+    Adding -inf equals setting -inf, and adding 0 changes nothing, so `scores + bias == process_scores(scores)`.
+    """
+    if settings.forced_eos_token_id is not None and cur_len == settings.max_new_tokens:
+        return None
+    bias = np.zeros(vocab_size, dtype=np.float32)
+    if settings.eos_token_ids and cur_len < settings.min_new_tokens + 1:
+        bias[settings.eos_token_ids] = -np.inf
+    return bias
 
 
 # Rows longer than this are searched block by block (see `top_k`).
@@ -158,7 +186,8 @@ def _gather(array: np.ndarray, indices: np.ndarray) -> np.ndarray:
 def beam_search(state: DecoderState, batch_size: int, settings: GenerationSettings) -> np.ndarray:
     """Beam search returning the best hypothesis per row: (batch, 1 + longest) int64, like `generate()`.
 
-    `state` must hold batch * num_beams rows (each source repeated num_beams times, adjacent).
+    `state` must hold batch * num_beams rows (each source repeated num_beams times, adjacent). A state with
+    `step_top_k` ranks the candidates itself (the exported `beam_scores.onnx`); otherwise numpy does.
     """
     num_beams = settings.num_beams
     max_length = settings.max_new_tokens + 1
@@ -183,10 +212,17 @@ def beam_search(state: DecoderState, batch_size: int, settings: GenerationSettin
     cur_len = prompt_len
     while True:
         last = running[:, :, cur_len - 1].reshape(-1, 1)
-        log_probs = process_scores(log_softmax(state.step(last)), cur_len, settings)  # (batch * beams, vocab)
-        vocab = log_probs.shape[-1]
-        log_probs += running_scores.reshape(-1, 1)
-        topk_scores, topk_indices = top_k(log_probs.reshape(batch_size, num_beams * vocab), beams_to_keep)
+        # a-b. log-probabilities, logit processors, plus the running scores; the top 2 x num_beams per sentence
+        bias = score_bias(cur_len, settings, state.vocab_size) if hasattr(state, "step_top_k") else None
+        if bias is not None:
+            vocab = state.vocab_size
+            running_column = running_scores.reshape(-1, 1)
+            topk_scores, topk_indices = state.step_top_k(last, running_column, bias, batch_size, beams_to_keep)
+        else:
+            log_probs = process_scores(log_softmax(state.step(last)), cur_len, settings)  # (batch * beams, vocab)
+            vocab = log_probs.shape[-1]
+            log_probs += running_scores.reshape(-1, 1)
+            topk_scores, topk_indices = top_k(log_probs.reshape(batch_size, num_beams * vocab), beams_to_keep)
 
         # c. the top continuations over all beams of a sentence
         source_beam, token = topk_indices // vocab, topk_indices % vocab
