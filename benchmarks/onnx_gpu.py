@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
     payload = {
         "benchmark": "onnx_gpu",
-        "command": "python benchmarks/onnx_gpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": common.command_line("onnx_gpu", argv),
         "hardware": hardware,
         "provider": translator.provider,
         "settings": {

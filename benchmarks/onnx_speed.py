@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
         bleu = bleu_change(model_dir, folders, args.eval_tsv, args.eval_limit, args.threads)
     payload = {
         "benchmark": "onnx_speed",
-        "command": "python benchmarks/onnx_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": common.command_line("onnx_speed", argv),
         "machine": common.machine_info(args.threads),
         "settings": {"source_len": args.source_len, "new_tokens": args.new_tokens, "repeats": args.repeats},
         "targets": TARGETS,
