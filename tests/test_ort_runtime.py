@@ -259,6 +259,41 @@ def test_session_options_reach_onnxruntime(model, batch):
     np.testing.assert_array_equal(arena.generate(ids, mask, num_beams=2, max_new_tokens=6), expected)
 
 
+def _optimized_ops(tmp_path: Path, disabled_optimizers) -> list:
+    """The decoder graph as onnxruntime's CPU session optimizes it (written out with `optimized_model_filepath`)."""
+    import onnx
+
+    from vanilla_transformer_ort.runtime import DECODER_FILE, create_session, session_options
+
+    options = session_options(1)
+    options.optimized_model_filepath = str(tmp_path / f"optimized-{len(disabled_optimizers or ())}.onnx")
+    create_session(trained_export_dir() / DECODER_FILE, options, ["CPUExecutionProvider"], disabled_optimizers)
+    return list(onnx.load(options.optimized_model_filepath).graph.node)
+
+
+def _scale(node) -> float:
+    return next((a.f for a in node.attribute if a.name == "alpha"), 1.0)
+
+
+def test_cpu_sessions_skip_the_slower_fusions(tmp_path, model, batch):
+    """By default the CPU decoder keeps residual Add + LayerNormalization and the attention scale as its own Mul."""
+    nodes = _optimized_ops(tmp_path, None)
+    ops = {node.op_type for node in nodes}
+    assert "SkipLayerNormalization" not in ops and "LayerNormalization" in ops
+    fused = [node for node in nodes if node.op_type == "FusedMatMul"]  # Q K^T, the transpose still folded in
+    assert fused and all(_scale(node) == 1.0 for node in fused)
+    # The same check against the fully fused graph: both fusions apply to this model, so the check above can fail.
+    all_fused = _optimized_ops(tmp_path, ())
+    assert "SkipLayerNormalization" in {node.op_type for node in all_fused}
+    assert any(_scale(node) != 1.0 for node in all_fused if node.op_type == "FusedMatMul")
+    # Both ways stay token-identical to generate().
+    fully_fused = OrtTranslator(trained_export_dir(), provider="cpu", disabled_optimizers=())
+    expected = _generate(model, batch, num_beams=2, max_new_tokens=6)
+    np.testing.assert_array_equal(
+        fully_fused.generate(batch[0].numpy(), batch[1].numpy(), num_beams=2, max_new_tokens=6), expected
+    )
+
+
 def test_bad_inputs_name_the_problem(translator, batch):
     ids, mask = batch[0].numpy(), batch[1].numpy()
     with pytest.raises(ValueError, match="input_ids must be an integer array, got dtype float32"):

@@ -121,16 +121,15 @@ def validate_export(model: nn.Module, output_dir: str | os.PathLike, grid: list[
 
     Returns a dict with `encoder` (hidden state and cross K/V), `logits`, `present` and per-case rows.
     """
-    import onnxruntime as ort
+    from vanilla_transformer_ort.runtime import create_session, session_options
 
     model = model.eval()
     config = model.config
     grid = grid or validation_grid(config.max_position_embeddings)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
+    options = session_options(1)  # the sessions the runtime builds, graph optimizations included
     output_dir = Path(output_dir)
-    encoder = ort.InferenceSession(str(output_dir / ENCODER_FILE), options, providers=["CPUExecutionProvider"])
-    decoder = ort.InferenceSession(str(output_dir / DECODER_FILE), options, providers=["CPUExecutionProvider"])
+    encoder = create_session(output_dir / ENCODER_FILE, options, ["CPUExecutionProvider"])
+    decoder = create_session(output_dir / DECODER_FILE, options, ["CPUExecutionProvider"])
     summary = {"encoder": 0.0, "logits": 0.0, "present": 0.0, "cases": []}
     for seed, case in enumerate(grid):
         inputs = _case_inputs(case, config.vocab_size, seed)
