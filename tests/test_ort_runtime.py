@@ -286,6 +286,8 @@ def test_cpu_sessions_skip_the_slower_fusions(tmp_path, model, batch):
     all_fused = _optimized_ops(tmp_path, ())
     assert "SkipLayerNormalization" in {node.op_type for node in all_fused}
     assert any(_scale(node) != 1.0 for node in all_fused if node.op_type == "FusedMatMul")
+    with pytest.raises(ValueError, match="sequence of fusion names"):
+        OrtTranslator(trained_export_dir(), provider="cpu", disabled_optimizers="SkipLayerNormFusion")
     # Both ways stay token-identical to generate().
     fully_fused = OrtTranslator(trained_export_dir(), provider="cpu", disabled_optimizers=())
     expected = _generate(model, batch, num_beams=2, max_new_tokens=6)

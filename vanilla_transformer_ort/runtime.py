@@ -111,6 +111,10 @@ def create_session(
     """
     import onnxruntime as ort
 
+    if isinstance(disabled_optimizers, str):  # list("SkipLayerNormFusion") would pass onnxruntime's check unnoticed
+        raise ValueError(
+            f"disabled_optimizers must be a sequence of fusion names, got the string {disabled_optimizers!r}"
+        )
     if disabled_optimizers is None:
         disabled_optimizers = CPU_DISABLED_OPTIMIZERS if providers[0] == PROVIDERS["cpu"] else ()
     return ort.InferenceSession(str(path), options, providers=providers, disabled_optimizers=list(disabled_optimizers))
