@@ -210,20 +210,24 @@ def generation_matmul_flops(dims: Dims, batch: int, num_beams: int, src_len: int
 # The peers, built locally with random weights
 
 
+def config_dims(dims: Dims) -> dict[str, int]:
+    """`dims` as the config fields that this package and transformers' Marian (both BART-style) share."""
+    return {
+        "vocab_size": dims.vocab_size,
+        "d_model": dims.d_model,
+        "encoder_layers": dims.encoder_layers,
+        "decoder_layers": dims.decoder_layers,
+        "encoder_attention_heads": dims.heads,
+        "decoder_attention_heads": dims.heads,
+        "encoder_ffn_dim": dims.d_ff,
+        "decoder_ffn_dim": dims.d_ff,
+    }
+
+
 def vanilla_config(dims: Dims = BASE):
     from vanilla_transformer import VanillaTransformerConfig
 
-    return VanillaTransformerConfig.from_preset(
-        "base",
-        vocab_size=dims.vocab_size,
-        d_model=dims.d_model,
-        encoder_layers=dims.encoder_layers,
-        decoder_layers=dims.decoder_layers,
-        encoder_attention_heads=dims.heads,
-        decoder_attention_heads=dims.heads,
-        encoder_ffn_dim=dims.d_ff,
-        decoder_ffn_dim=dims.d_ff,
-    )
+    return VanillaTransformerConfig.from_preset("base", **config_dims(dims))
 
 
 def build_vanilla(dims: Dims = BASE, seed: int = SEED):
@@ -241,15 +245,8 @@ def marian_config(dims: Dims = BASE):
     from transformers import MarianConfig
 
     return MarianConfig(
-        vocab_size=dims.vocab_size,
+        **config_dims(dims),
         decoder_vocab_size=dims.vocab_size,
-        d_model=dims.d_model,
-        encoder_layers=dims.encoder_layers,
-        decoder_layers=dims.decoder_layers,
-        encoder_attention_heads=dims.heads,
-        decoder_attention_heads=dims.heads,
-        encoder_ffn_dim=dims.d_ff,
-        decoder_ffn_dim=dims.d_ff,
         activation_function="relu",
         share_encoder_decoder_embeddings=True,
         scale_embedding=True,
@@ -420,8 +417,10 @@ def command_line(benchmark: str, argv: list[str] | None) -> str:
     return f"python -m benchmarks.{benchmark} " + " ".join(argv if argv is not None else sys.argv[1:])
 
 
-def save_results(name: str, payload: dict) -> dict:
-    """Write `benchmarks/results/<name>.json`, say where, and return the payload (the end of every benchmark)."""
+def save_results(name: str, benchmark: str, argv: list[str] | None, **fields) -> dict:
+    """Write `benchmarks/results/<name>.json` (which benchmark, the command that reproduces it, then `fields`), say
+    where, and return what was written (the end of every benchmark)."""
+    payload = {"benchmark": benchmark, "command": command_line(benchmark, argv), **fields}
     path = write_json(name, payload)
     print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return payload

@@ -72,14 +72,14 @@ def main(argv: list[str] | None = None) -> dict:
     table = common.format_table(["export", "median s", "min s", "output MiB"], rows)
     print(table)
     print(f"\nfresh process per export, {args.rounds} interleaved rounds; imports not included")
-    payload = {
-        "benchmark": "export_time",
-        "command": common.command_line("export_time", argv),
-        "machine": common.machine_info(),
-        "results": results,
-        "table": table,
-    }
-    return common.save_results(args.name, payload)
+    return common.save_results(
+        args.name,
+        "export_time",
+        argv,
+        machine=common.machine_info(),
+        results=results,
+        table=table,
+    )
 
 
 if __name__ == "__main__":

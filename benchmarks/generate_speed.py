@@ -212,16 +212,16 @@ def main(argv: list[str] | None = None) -> dict:
             shares = ", ".join(f"{n} {a:.0%}" for n, a in agreement.items())
             print(f"tokens equal to vanilla PyTorch, {row}: {shares}")
     print(noise)
-    payload = {
-        "benchmark": "generate_speed",
-        "command": common.command_line("generate_speed", argv),
-        "machine": machine,
-        "settings": {"source_len": SOURCE_LEN, "new_tokens": NEW_TOKENS, "rounds": args.rounds, "warmup": args.warmup},
-        "results": results,
-        "noise": noise,
-        "table": table,
-    }
-    return common.save_results(args.name, payload)
+    return common.save_results(
+        args.name,
+        "generate_speed",
+        argv,
+        machine=machine,
+        settings={"source_len": SOURCE_LEN, "new_tokens": NEW_TOKENS, "rounds": args.rounds, "warmup": args.warmup},
+        results=results,
+        noise=noise,
+        table=table,
+    )
 
 
 if __name__ == "__main__":

@@ -113,14 +113,14 @@ def main(argv: list[str] | None = None) -> dict:
     table = common.format_table(headers, rows)
     print(table)
     print(f"\nfresh process per path; beam {NUM_BEAMS}, batch {BATCH}, 24 -> 32 tokens, {args.threads} threads")
-    payload = {
-        "benchmark": "memory",
-        "command": common.command_line("memory", argv),
-        "machine": common.machine_info(args.threads),
-        "results": results,
-        "table": table,
-    }
-    return common.save_results(args.name, payload)
+    return common.save_results(
+        args.name,
+        "memory",
+        argv,
+        machine=common.machine_info(args.threads),
+        results=results,
+        table=table,
+    )
 
 
 if __name__ == "__main__":

@@ -133,22 +133,22 @@ def main(argv: list[str] | None = None) -> dict:
             + " ".join(f"{row[s]['tokens_per_second']:18.0f}" for s in systems)
             + f"  {row['ORT fp16'].get('tokens_vs_pytorch_fp32', '-')}"
         )
-    payload = {
-        "benchmark": "onnx_gpu",
-        "command": common.command_line("onnx_gpu", argv),
-        "hardware": hardware,
-        "provider": translator.provider,
-        "settings": {
+    return common.save_results(
+        args.name,
+        "onnx_gpu",
+        argv,
+        hardware=hardware,
+        provider=translator.provider,
+        settings={
             "num_beams": args.num_beams,
             "source_len": args.source_len,
             "new_tokens": args.new_tokens,
             "repeats": args.repeats,
             "model": str(args.model) if args.model else f"random {args.preset}, vocab {args.vocab_size}",
         },
-        "files_mib": sizes,
-        "results": results,
-    }
-    return common.save_results(args.name, payload)
+        files_mib=sizes,
+        results=results,
+    )
 
 
 if __name__ == "__main__":

@@ -219,16 +219,16 @@ def main(argv: list[str] | None = None) -> dict:
     bleu = None
     if args.eval_tsv is not None:
         bleu = bleu_change(model_dir, folders, args.eval_tsv, args.eval_limit, args.threads)
-    payload = {
-        "benchmark": "onnx_speed",
-        "command": common.command_line("onnx_speed", argv),
-        "machine": common.machine_info(args.threads),
-        "settings": {"source_len": args.source_len, "new_tokens": args.new_tokens, "repeats": args.repeats},
-        "targets": TARGETS,
-        "cases": cases,
-        "bleu": bleu,
-    }
-    return common.save_results(args.name, payload)
+    return common.save_results(
+        args.name,
+        "onnx_speed",
+        argv,
+        machine=common.machine_info(args.threads),
+        settings={"source_len": args.source_len, "new_tokens": args.new_tokens, "repeats": args.repeats},
+        targets=TARGETS,
+        cases=cases,
+        bleu=bleu,
+    )
 
 
 if __name__ == "__main__":

@@ -133,17 +133,17 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\nsgemm peak {peak:.1f} GFLOP/s (fp32 torch.mm {SGEMM_N}^3, best in this run, {args.threads} threads)")
     print(f"step FLOPs: 3 x forward matmul FLOPs; AdamW {args.optimizer} for every system; {args.rounds} rounds")
     print(noise)
-    payload = {
-        "benchmark": "train_speed",
-        "command": common.command_line("train_speed", argv),
-        "machine": machine,
-        "settings": vars(args) | {"seq_len": SEQ_LEN},
-        "sgemm_peak_gflops": peak,
-        "results": results,
-        "noise": noise,
-        "table": table,
-    }
-    return common.save_results(args.name, payload)
+    return common.save_results(
+        args.name,
+        "train_speed",
+        argv,
+        machine=machine,
+        settings=vars(args) | {"seq_len": SEQ_LEN},
+        sgemm_peak_gflops=peak,
+        results=results,
+        noise=noise,
+        table=table,
+    )
 
 
 if __name__ == "__main__":
