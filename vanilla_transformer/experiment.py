@@ -19,6 +19,7 @@ from transformers import (
     PreTrainedModel,
     Seq2SeqTrainingArguments,
     TrainerCallback,
+    set_seed,
 )
 from transformers.utils import logging
 
@@ -236,6 +237,9 @@ def run_training(
         # Only training pairs are filtered by length; validation and test are scored complete, as in the paper.
         limits = (data_args.max_source_length, data_args.max_target_length) if split == "train" else (10**9, 10**9)
         tokenized[split], _ = tokenize_parallel(part, tokenizer, *limits, num_proc=data_args.preprocessing_num_workers)
+    # Seed before the model is built: its initialisation draws from the global generators (the Trainer seeds again
+    # later, which fixes the data order and dropout but would leave the initial weights unseeded).
+    set_seed(training_args.seed)
     model = build_model(model_args, tokenizer)
     if not recipe.paper_recipe and "lr_schedule" not in explicit:
         recipe.lr_schedule = "trainer"
