@@ -55,3 +55,33 @@ def test_average_rejects_mismatched_checkpoints(run_dir, tmp_path, toy_tokenizer
         average_checkpoints([run_dir / "checkpoint-5", tmp_path / "other"], tmp_path / "out")
     with pytest.raises(FileNotFoundError, match="no model.safetensors"):
         average_checkpoints([run_dir / "checkpoint-notanumber"], tmp_path / "out")
+
+
+def test_final_weights_averaged_with_earlier_checkpoints(run_dir, toy_tokenizer_dir):
+    from safetensors.torch import load_file
+
+    from vanilla_transformer.averaging import average_with_checkpoints
+
+    tokenizer = AutoTokenizer.from_pretrained(toy_tokenizer_dir)
+    model = tiny_model(tokenizer, seed=7)
+    final = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    # At step 20: the in-memory weights and the two newest earlier checkpoints (5 and 10); 20 and 100 are not earlier.
+    names = average_with_checkpoints(model, run_dir, count=3, step=20)
+    assert names == ["checkpoint-5", "checkpoint-10", "step 20"]
+    saved = [load_file(str(run_dir / f"checkpoint-{step}" / "model.safetensors")) for step in (5, 10)]
+    for name, tensor in saved[0].items():
+        expected = (saved[0][name].double() + saved[1][name].double() + final[name].double()) / 3
+        np.testing.assert_allclose(model.state_dict()[name].double().numpy(), expected.numpy(), rtol=0, atol=1e-6)
+    assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+
+
+def test_final_weights_with_too_few_checkpoints(run_dir, toy_tokenizer_dir, caplog):
+    from vanilla_transformer.averaging import average_with_checkpoints
+
+    model = tiny_model(AutoTokenizer.from_pretrained(toy_tokenizer_dir), seed=7)
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    assert average_with_checkpoints(model, run_dir, count=5, step=5) == ["step 5"]  # nothing earlier than step 5
+    assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())
+    assert average_with_checkpoints(model, run_dir, count=5, step=20) == ["checkpoint-5", "checkpoint-10", "step 20"]
+    with pytest.raises(ValueError, match="at least 2"):
+        average_with_checkpoints(model, run_dir, count=1, step=20)

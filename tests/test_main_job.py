@@ -14,7 +14,8 @@ def test_main_job_on_a_tiny_catalog(tmp_path):
     write_mo(tmp_path / "locale" / "de" / "LC_MESSAGES" / "toy.mo", dict(pairs))
     args = MainJobArguments(
         output_dir=str(tmp_path / "job"), locale_dir=str(tmp_path / "locale"), min_pairs=100, vocab_size=400,
-        preset="tiny", config_overrides=TINY_OVERRIDES_ARG, max_tokens=256, max_steps=4, eval_steps=3, max_length=24,
+        preset="tiny", config_overrides=TINY_OVERRIDES_ARG, max_tokens=256, max_steps=4, eval_steps=3, save_steps=2,
+        average_checkpoints=3, max_length=24,
         max_eval_samples=4, time_budget_minutes=10, reserve_minutes=1, examples=["the red house.", "the key."],
         export_onnx=False,
     )  # fmt: skip
@@ -23,6 +24,13 @@ def test_main_job_on_a_tiny_catalog(tmp_path):
     assert 0 <= summary["test_bleu"] <= 100 and 0 <= summary["test_chrf"] <= 100
     assert set(summary["examples"]) == {"the red house.", "the key."}
     assert set(summary["timings_s"]) == {"harvest", "tokenizer", "train_and_evaluate", "examples", "total"}
+    assert summary["preset"] == "tiny" and summary["parameters"] > 0
+    seen = summary["train_tokens_seen"]
+    assert seen["source"] > 0 and seen["target"] > 0 and summary["train_tokens_per_second"] > 0
+    # Checkpoints every 2 steps (2 and 4): the final weights are averaged with checkpoint-2 (§6.1).
+    assert summary["averaged_checkpoints"] == ["checkpoint-2", "step 4"]
+    info = json.loads((tmp_path / "job" / "model" / "training_info.json").read_text())
+    assert info["dataset"] == "gettext-en-de" and "gettext catalogs" in info["dataset description"]
     job = tmp_path / "job"
     assert json.loads((job / "summary.json").read_text())["test_bleu"] == summary["test_bleu"]
     assert (job / "data" / "train.tsv").read_text().startswith("en\tde\n")

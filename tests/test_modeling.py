@@ -259,7 +259,22 @@ def test_flex_attention_matches_eager():
 def test_initialisation():
     model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=3000))
     shared = model.model.shared.weight
-    torch.testing.assert_close(shared.std().item(), 64**-0.5, atol=0.01, rtol=0)  # N(0, d_model^-0.5)
+    torch.testing.assert_close(shared.std().item(), 0.02, atol=0.001, rtol=0)  # N(0, init_std²), init_std = 0.02
+    assert torch.all(shared[model.config.pad_token_id] == 0)
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and name != "lm_head":
+            torch.testing.assert_close(module.weight.std().item(), 0.02, atol=0.002, rtol=0, msg=name)
+            assert module.weight.mean().abs() < 0.002 and torch.all(module.bias == 0), name
+        if isinstance(module, torch.nn.LayerNorm):
+            assert torch.all(module.weight == 1) and torch.all(module.bias == 0), name
+    assert model.lm_head.weight.data_ptr() == shared.data_ptr()
+
+
+def test_fairseq_initialisation_when_init_std_is_none():
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=3000, init_std=None)
+    model = VanillaTransformerForConditionalGeneration(config)
+    shared = model.model.shared.weight
+    torch.testing.assert_close(shared.std().item(), 64**-0.5, atol=0.01, rtol=0)  # N(0, d_model^-1)
     assert torch.all(shared[model.config.pad_token_id] == 0)
     fc1 = model.model.encoder.layers[0].fc1
     bound = math.sqrt(6 / (64 + 256))  # Xavier-uniform

@@ -61,8 +61,10 @@ class VanillaTransformerConfig(PreTrainedConfig):
     - `normalize_before`: False (the paper's post-LN, `LayerNorm(x + Dropout(Sublayer(x)))`); True switches to pre-LN,
       `x + Dropout(Sublayer(LayerNorm(x)))` with a final LayerNorm per stack, a documented deviation that trains more
       stably for deep stacks or fp16.
-    - `init_std`: standard deviation of the embedding initialisation; None means d_model^-0.5 (fairseq's choice; the
-      paper does not state its initialisation).
+    - `init_std`: standard deviation of the N(0, init_std²) initialisation of every projection and embedding (0.02,
+      as in transformers' Marian/BART; the paper does not state its initialisation). None selects fairseq's scheme,
+      Xavier-uniform projections and N(0, d_model^-1) embeddings, which trains worse with a tied output projection
+      under short warmups (docs/TRAINING.md).
     - `pad_token_id`, `bos_token_id`, `eos_token_id`, `decoder_start_token_id`: special token ids shared with the
       tokenizer (`<pad>`=0, `<s>`=1, `</s>`=2 by default; the decoder starts from `<s>`).
     - `use_cache`: keep the decoder's keys/values between generation steps.
@@ -98,7 +100,7 @@ class VanillaTransformerConfig(PreTrainedConfig):
     scale_embedding: bool = True
     layer_norm_eps: float = 1e-5
     normalize_before: bool = False
-    init_std: float | None = None
+    init_std: float | None = 0.02
     tie_word_embeddings: bool = True
     is_encoder_decoder: bool = True
     use_cache: bool = True

@@ -225,10 +225,13 @@ def run_training(
     explicit: set[str] = frozenset(),
     time_budget_s: float | None = None,
     plot: bool = True,
+    corpus: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """Train (unless --do_train is off), evaluate on the test split with beam search, save everything.
 
-    Returns the final metrics (test_bleu, test_chrf, ...) that are also written to `<output_dir>/all_results.json`.
+    `corpus` names the data in training_info.json (and so in the model card) as (name, description) when the
+    files' own names would not say what it is. Returns the final metrics (test_bleu, test_chrf, ...) that are also
+    written to `<output_dir>/all_results.json`.
     """
     tokenizer = load_tokenizer(data_args, model_args)
     raw = load_parallel_data(data_args)
@@ -259,7 +262,16 @@ def run_training(
     if training_args.do_train:
         started = time.monotonic()
         train_output = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-        results.update(train_output.metrics, train_wall_s=round(time.monotonic() - started, 1))
+        wall_s = time.monotonic() - started
+        tokens = trainer.tokens_seen
+        results.update(
+            train_output.metrics, train_wall_s=round(wall_s, 1), train_source_tokens=tokens["source"],
+            train_target_tokens=tokens["target"],
+            train_tokens_per_second=round((tokens["source"] + tokens["target"]) / max(wall_s, 1e-9), 1),
+        )  # fmt: skip
+        if recipe.average_checkpoints > 1:
+            averaged = average_final_weights(trainer, recipe.average_checkpoints)
+            results["averaged_checkpoints"] = averaged
         trainer.save_model()  # model, tokenizer, generation config
     test = tokenized.get("test") or tokenized.get("validation")
     if test is not None and training_args.predict_with_generate:
@@ -272,10 +284,25 @@ def run_training(
     if trainer.is_world_process_zero():
         trainer.save_metrics("all", results, combined=False)
         info = training_info(data_args, model_args, training_args, recipe, trainer, len(raw.get("train", [])))
+        if corpus is not None:
+            info["dataset"], info["dataset description"] = corpus
         (Path(training_args.output_dir) / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
         if plot:
             _plot_run(trainer, tokenizer, raw, training_args.output_dir)
     return results
+
+
+def average_final_weights(trainer: TranslationTrainer, count: int) -> list[str]:
+    """§6.1: the trained model's weights become their mean with the newest `count - 1` checkpoints of the run."""
+    from .averaging import average_with_checkpoints
+
+    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
+        raise ValueError(
+            "--average_checkpoints works on whole (unsharded) models; under FSDP or DeepSpeed, average the saved "
+            "checkpoints afterwards with scripts/average_checkpoints.py."
+        )
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return average_with_checkpoints(model, trainer.args.output_dir, count, trainer.state.global_step)
 
 
 def training_info(data_args, model_args, training_args, recipe, trainer, train_pairs: int) -> dict[str, Any]:
@@ -308,6 +335,7 @@ def training_info(data_args, model_args, training_args, recipe, trainer, train_p
         "gradient accumulation steps": training_args.gradient_accumulation_steps,
         "evaluation beams": training_args.generation_num_beams,
         "length penalty": recipe.length_penalty,
+        "averaged checkpoints": recipe.average_checkpoints if recipe.average_checkpoints > 1 else None,
     }
 
 

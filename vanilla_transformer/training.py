@@ -17,6 +17,8 @@ from torch.utils.data import DataLoader, Sampler
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.utils import logging
 
+from .loss import IGNORE_INDEX
+
 logger = logging.get_logger(__name__)
 
 # Each part of the recipe: Seq2SeqTrainingArguments field -> paper value (learning_rate is derived from d_model).
@@ -64,6 +66,14 @@ class RecipeArguments:
     length_penalty: float | None = field(
         default=None,
         metadata={"help": f"Beam-search length penalty (default {PAPER_LENGTH_PENALTY} with the recipe)."},
+    )
+    average_checkpoints: int = field(
+        default=0,
+        metadata={
+            "help": "After training, replace the final weights by their mean with the last N-1 checkpoints (N states "
+            "in all; §6.1 averages the last 5 for base models) before the model is saved and tested. 0 or 1: off. "
+            "Checkpoints come every --save_steps."
+        },
     )
 
 
@@ -229,11 +239,17 @@ class TranslationTrainer(Seq2SeqTrainer):
         self.max_tokens = max_tokens
         self.lr_schedule = lr_schedule
         self.model_label_smoothing = 0.0
+        self.tokens_seen = {"source": 0, "target": 0}  # non-padding training tokens, this process, this session
         model = self.accelerator.unwrap_model(self.model)
         if self.label_smoother is not None and "label_smoothing" in inspect.signature(model.forward).parameters:
             self.model_label_smoothing, self.label_smoother = self.label_smoother.epsilon, None
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if model.training:
+            if "attention_mask" in inputs:
+                self.tokens_seen["source"] += int(inputs["attention_mask"].sum())
+            if "labels" in inputs:
+                self.tokens_seen["target"] += int((inputs["labels"] != IGNORE_INDEX).sum())
         if self.model_label_smoothing and "labels" in inputs:
             inputs = {**inputs, "label_smoothing": self.model_label_smoothing}
         return super().compute_loss(
