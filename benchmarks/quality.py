@@ -1,7 +1,13 @@
 """Quality bar: this package's Transformer against transformers' MarianMTModel with the same dimensions, tokenizer,
 data, recipe and number of steps; sacreBLEU/chrF on the test split with beam 4 (length penalty 0.6), for each seed.
 
-    python benchmarks/quality.py --data_dir ../shared/data/gettext-en-de --steps 300 --seeds 0 1 --preset tiny
+Two recipes: `package` (this package's: the paper's Adam and noam schedule with --warmup_steps/--learning_rate,
+label smoothing 0.1, token-budget batches of --max_tokens) and `reference` (a plain transformers recipe: Adam β2 0.98,
+ε 1e-9, peak 1e-3 on the inverse-square-root schedule after 500 warmup steps, label smoothing 0.1, gradient clipping
+1.0, batches of 64 pairs grouped by length).
+
+    python benchmarks/quality.py --preset small --steps 2000 --recipe reference --seeds 0 1
+    python benchmarks/quality.py --preset small --steps 2000 --recipe package --warmup_steps 500 --learning_rate 1e-3
 
 This is a benchmark, not a test: it takes minutes to hours depending on --steps and --preset.
 """
@@ -49,6 +55,29 @@ def build(kind: str, config: VanillaTransformerConfig, seed: int):
     return MarianMTModel(marian)
 
 
+def recipe_arguments(args, output_dir: Path, seed: int, d_model: int):
+    """Trainer arguments and recipe of `--recipe` (see the module docstring)."""
+    common = dict(
+        output_dir=str(output_dir), max_steps=args.steps, seed=seed, logging_steps=50, save_strategy="no",
+        report_to="none", use_cpu=not torch.cuda.is_available(), disable_tqdm=False,
+    )  # fmt: skip
+    if args.recipe == "reference":
+        training_args = Seq2SeqTrainingArguments(
+            **common, learning_rate=1e-3, lr_scheduler_type="inverse_sqrt", warmup_steps=500, adam_beta2=0.98,
+            adam_epsilon=1e-9, weight_decay=0.0, label_smoothing_factor=0.1, max_grad_norm=1.0,
+            per_device_train_batch_size=args.batch_size, train_sampling_strategy="group_by_length",
+        )  # fmt: skip
+        return training_args, RecipeArguments(
+            paper_recipe=False, lr_schedule="trainer", max_tokens=None, length_penalty=0.6
+        )
+    training_args = Seq2SeqTrainingArguments(
+        **common, warmup_steps=args.warmup_steps, learning_rate=args.learning_rate
+    )
+    recipe = RecipeArguments(max_tokens=args.max_tokens)
+    apply_paper_recipe(training_args, recipe, d_model, explicit={"warmup_steps", "learning_rate"})
+    return training_args, recipe
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data_dir", default=str(ROOT.parent / "shared" / "data" / "gettext-en-de"))
@@ -62,6 +91,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max_tokens", type=int, default=1024)
     parser.add_argument("--max_length", type=int, default=64)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--recipe", choices=["package", "reference"], default="package")
+    parser.add_argument("--batch_size", type=int, default=64, help="Pairs per batch of the reference recipe.")
     parser.add_argument("--models", nargs="+", default=["vanilla", "marian"], choices=["vanilla", "marian"])
     parser.add_argument("--max_test_samples", type=int, default=None)
     parser.add_argument("--generation_max_length", type=int, default=None, help="Default: --max_length + 50 (§6.1).")
@@ -90,13 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     for kind in args.models:
         for seed in args.seeds:
             model = build(kind, config, seed)
-            training_args = Seq2SeqTrainingArguments(
-                output_dir=str(output / f"{kind}-seed{seed}"), max_steps=args.steps, warmup_steps=args.warmup_steps,
-                learning_rate=args.learning_rate, seed=seed, logging_steps=50, save_strategy="no", report_to="none",
-                use_cpu=not torch.cuda.is_available(), disable_tqdm=False,
-            )  # fmt: skip
-            recipe = RecipeArguments(max_tokens=args.max_tokens)
-            apply_paper_recipe(training_args, recipe, config.d_model, explicit={"warmup_steps", "learning_rate"})
+            training_args, recipe = recipe_arguments(args, output / f"{kind}-seed{seed}", seed, config.d_model)
             set_generation_defaults(model, 4, recipe.length_penalty, max_length=generation_max_length)
             started = time.monotonic()
             trainer = build_trainer(model, tokenizer, training_args, recipe, train)
