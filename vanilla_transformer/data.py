@@ -137,14 +137,26 @@ def _read_delimited(path: Path, source_lang: str, target_lang: str, delimiter: s
     source_column, target_column = header.index(source_lang), header.index(target_lang)
     name = "tab" if delimiter == "\t" else "comma"
     sources, targets = [], []
-    for row in reader:
+    rows = iter(reader)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            break
+        except csv.Error as error:  # e.g. a field over csv.field_size_limit(), an unclosed quote
+            raise ValueError(f"{path}:{reader.line_num}: {error}.") from None
         if not row:  # blank line
             continue
         if len(row) != len(header):
+            if len(row) > len(header):
+                fix = f"a {name} inside the text: " + (
+                    "quote that field." if delimiter == "," else "replace it by a space."
+                )
+            else:
+                fix = f"a missing {name}" + (" or an unclosed quote." if delimiter == "," else ".")
             raise ValueError(
                 f"{path}:{reader.line_num}: {len(row)} {name}-separated fields, but the header has {len(header)} "
-                f"({delimiter.join(header)!r}). Remove the extra {name}s from the text or "
-                + ("quote the field." if delimiter == "," else "replace them by spaces.")
+                f"({delimiter.join(header)!r}); probably {fix}"
             )
         sources.append(row[source_column])
         targets.append(row[target_column])

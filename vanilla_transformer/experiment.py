@@ -131,8 +131,8 @@ class MetricsFileCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         """On a resume from step k, drop the rows logged after step k by the interrupted run: training repeats those
-        steps, so keeping them would log each twice."""
-        if state.is_world_process_zero and state.global_step > 0:
+        steps, so keeping them would log each twice. A fresh run (k = 0) in a used folder starts new files."""
+        if state.is_world_process_zero:
             self.drop_rows_after(state.global_step)
 
     def drop_rows_after(self, step: int) -> None:
@@ -142,7 +142,7 @@ class MetricsFileCallback(TrainerCallback):
             lines = path.read_text(encoding="utf-8").splitlines()
             kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
             if len(kept) < len(lines):
-                logger.info(f"Resuming at step {step}: dropped {len(lines) - len(kept)} later rows of {path}.")
+                logger.info(f"Training starts at step {step}: dropped {len(lines) - len(kept)} later rows of {path}.")
             path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
         path = self.output_dir / "metrics.csv"
         if path.is_file():
@@ -268,7 +268,7 @@ def run_training(
 
     Returns the final metrics (test_bleu, test_chrf, ...) that are also written to `<output_dir>/all_results.json`.
     """
-    check_run_arguments(training_args)
+    check_run_arguments(training_args, model_args)
     parse_config_overrides(model_args.config_overrides)  # fail on a typo now, not after loading the data
     resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
     tokenizer = load_tokenizer(data_args, model_args)
@@ -319,13 +319,24 @@ def run_training(
     return results
 
 
-def check_run_arguments(training_args: Seq2SeqTrainingArguments) -> None:
-    """Refuse runs that would do nothing and still exit 0: no --do_* flag, or training for zero steps."""
+def check_run_arguments(training_args: Seq2SeqTrainingArguments, model_args: ModelArguments | None = None) -> None:
+    """Refuse runs that would do nothing and still exit 0 (no --do_* flag, training for zero steps) or score an
+    untrained model (--do_eval/--do_predict without --do_train or --model_name_or_path)."""
     if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
         raise ValueError(
             "Nothing to do: pass --do_train to train (add --predict_with_generate to score the test split after "
             "training), or --do_eval/--do_predict with --model_name_or_path --predict_with_generate to score a saved "
             "model."
+        )
+    if not training_args.do_train and not training_args.predict_with_generate:
+        raise ValueError(
+            "Nothing to do: without --do_train, --do_eval/--do_predict only score the test split with "
+            "--predict_with_generate; add it (and --model_name_or_path for the model to score)."
+        )
+    if not training_args.do_train and model_args is not None and not model_args.model_name_or_path:
+        raise ValueError(
+            "--do_eval/--do_predict without --do_train would score a randomly initialised model: pass "
+            "--model_name_or_path with the model to score, or add --do_train."
         )
     if training_args.do_train:
         if training_args.max_steps == 0:
