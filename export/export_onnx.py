@@ -45,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except OSError as error:  # read-only or full disk, missing permissions: name the file and the cause
+        where = error.filename or args.output
+        print(
+            f"error: cannot write or read {where}: {error.strerror or error} (--output {args.output})", file=sys.stderr
+        )
+        return 1
     print(f"Exported to {args.output} (opset {manifest['opset']}, {manifest['dtype']}, {manifest['quantization']})")
     for name, size in manifest["files"].items():
         print(f"  {name:28s} {size / 2**20:9.2f} MiB")

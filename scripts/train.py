@@ -20,17 +20,22 @@ from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 from vanilla_transformer.data import DataArguments
 from vanilla_transformer.experiment import ModelArguments, run_training
-from vanilla_transformer.training import RecipeArguments, explicit_flags
+from vanilla_transformer.training import RecipeArguments, check_precision_flags, explicit_flags
 
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     parser = HfArgumentParser((ModelArguments, DataArguments, RecipeArguments, Seq2SeqTrainingArguments))
     if len(argv) == 1 and argv[0].endswith(".json"):
-        model_args, data_args, recipe, training_args = parser.parse_json_file(argv[0])
         with open(argv[0]) as handle:
-            explicit = set(json.load(handle))
+            settings = json.load(handle)
+        check_precision_flags(
+            [f"--{name}={settings[name]}" for name in ("fp16", "bf16", "use_cpu") if name in settings]
+        )
+        model_args, data_args, recipe, training_args = parser.parse_json_file(argv[0])
+        explicit = set(settings)
     else:
+        check_precision_flags(argv)
         model_args, data_args, recipe, training_args = parser.parse_args_into_dataclasses(argv)
         explicit = explicit_flags(argv)
     results = run_training(model_args, data_args, training_args, recipe, explicit)

@@ -75,3 +75,17 @@ def test_generation_defaults_come_from_token_ids():
     assert generation_config.decoder_start_token_id == 1
     assert generation_config.eos_token_id == 2
     assert generation_config.pad_token_id == 0
+
+
+def test_from_preset_rejects_unknown_names_but_keeps_transformers_generic_kwargs(tmp_path):
+    with pytest.raises(ValueError, match=r"'dropuot' \(did you mean 'dropout'\?\)"):
+        VanillaTransformerConfig.from_preset("tiny", dropuot=0.3)
+    generic = dict(
+        attn_implementation="eager", dtype="float32", torch_dtype="float32", output_attentions=True,
+        output_hidden_states=True, return_dict=False, num_labels=3, sep_token_id=3, num_beams=4, max_length=30,
+        hidden_size=64, architectures=["VanillaTransformerForConditionalGeneration"],
+    )  # fmt: skip
+    config = VanillaTransformerConfig.from_preset("tiny", **generic)
+    assert config._attn_implementation == "eager" and config.d_model == 64
+    config.save_pretrained(tmp_path)  # a saved config.json (transformers' own keys included) still loads
+    assert VanillaTransformerConfig.from_pretrained(tmp_path).to_dict() == config.to_dict()

@@ -41,7 +41,15 @@ def _load_state(checkpoint: Path) -> dict[str, torch.Tensor]:
     weights = checkpoint / "model.safetensors"
     if not weights.is_file():
         raise FileNotFoundError(f"{checkpoint} has no model.safetensors (sharded checkpoints are not supported).")
-    return load_file(str(weights))
+    try:
+        return load_file(str(weights))
+    except Exception as error:  # safetensors' errors do not name the file
+        if type(error).__name__ != "SafetensorError":
+            raise
+        raise ValueError(
+            f"Cannot read {weights}: {error}. The checkpoint is damaged or incomplete (interrupted while saving?); "
+            "leave it out, e.g. with a smaller --num_checkpoints, or delete the folder."
+        ) from None
 
 
 def average_states(states: list[dict[str, torch.Tensor]], names: list[str] | None = None) -> dict[str, torch.Tensor]:

@@ -6,10 +6,12 @@ library and transformers (plus huggingface_hub, which transformers depends on) s
 code next to a checkpoint.
 """
 
+import dataclasses
+import difflib
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
-from transformers import PreTrainedConfig
+from transformers import GenerationConfig, PreTrainedConfig
 
 # Paper Table 3. "base" and "big" are the paper's rows (EN-DE; big uses P_drop 0.3); the small presets keep the
 # architecture and shrink it for CPU demos and tests.
@@ -33,6 +35,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 ACTIVATIONS = ("relu", "gelu", "silu", "swish")
+# Fields a saved config.json must state: the weights were saved with these sizes, so a default would not fit them.
+SIZE_FIELDS = (
+    "vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
+    "encoder_ffn_dim", "decoder_ffn_dim",
+)  # fmt: skip
+# Keyword arguments PreTrainedConfig consumes without a field of the same name.
+GENERIC_CONFIG_KWARGS = (
+    "torch_dtype", "num_labels", "name_or_path", "attn_implementation", "experts_implementation",
+    "output_attentions", "per_layer_config", "_commit_hash",
+)  # fmt: skip
 
 
 @strict
@@ -113,10 +125,47 @@ class VanillaTransformerConfig(PreTrainedConfig):
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "VanillaTransformerConfig":
         """The config of a named preset: `"base"` and `"big"` are the paper's Table 3 rows; `"small"` and `"tiny"`
-        are reduced versions for CPU demos and tests. Keyword arguments override any field."""
-        if name not in PRESETS:
+        are reduced versions for CPU demos and tests. Keyword arguments override any field; an unknown name is a
+        `ValueError` (a typo such as `dropuot=0.3` would otherwise be stored and ignored)."""
+        if not isinstance(name, str) or name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}; allowed presets: {', '.join(sorted(PRESETS))}.")
+        cls.check_field_names(overrides)
         return cls(**{**PRESETS[name], **overrides})
+
+    @classmethod
+    def check_field_names(cls, names: Any, source: str = "config field") -> None:
+        """Raise a `ValueError` for names that are neither fields of this config nor keyword arguments a default
+        `PreTrainedConfig` understands (`attn_implementation`, `dtype`, `*_token_id`, generation settings, ...),
+        suggesting the closest field."""
+        fields = [f.name for f in dataclasses.fields(cls)] + list(cls.attribute_map)
+        known = set(fields) | set(GENERIC_CONFIG_KWARGS) | set(GenerationConfig._get_default_generation_params())
+        known |= {n for n in dir(PreTrainedConfig) if not n.startswith("__")}
+        # Any special token id (sep/cls/mask/unk_token_id) is accepted: tokenizers and tooling set them generically.
+        unknown = [n for n in names if n not in known and not str(n).endswith("_token_id")]
+        if unknown:
+            hints = []
+            for n in unknown:
+                close = difflib.get_close_matches(n, fields, n=1)
+                hints.append(f"{n!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise ValueError(
+                f"Unknown {source}{'s' if len(unknown) > 1 else ''} {', '.join(hints)} for {cls.__name__}; "
+                f"fields are: {', '.join(sorted(set(fields)))}."
+            )
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> "VanillaTransformerConfig":
+        """As `PreTrainedConfig.from_dict`; a saved config (one with a `model_type`) must state every size field,
+        since the weights were saved with those sizes and the defaults would not fit them."""
+        if "model_type" in config_dict:
+            missing = [name for name in SIZE_FIELDS if name not in config_dict and name not in kwargs]
+            if missing:
+                raise ValueError(
+                    f"The saved config (config.json) lacks {', '.join(f'`{n}`' for n in missing)}: a "
+                    f"{cls.__name__} must state its sizes, which the saved weights were built with. Add the "
+                    f"missing key{'s' if len(missing) > 1 else ''} to config.json (e.g. `vocab_size` = the "
+                    "tokenizer's length)."
+                )
+        return super().from_dict(config_dict, **kwargs)
 
     def __post_init__(self, **kwargs: Any) -> None:
         self._check_values()
@@ -160,4 +209,4 @@ class VanillaTransformerConfig(PreTrainedConfig):
                 raise ValueError(f"`{field}` must be in [0, vocab_size={self.vocab_size}), got {value}.")
 
 
-__all__ = ["PRESETS", "VanillaTransformerConfig"]
+__all__ = ["PRESETS", "SIZE_FIELDS", "VanillaTransformerConfig"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import gettext
 import hashlib
+import io
 import json
 import os
 from collections.abc import Iterable
@@ -108,37 +109,80 @@ def _missing_columns_error(path: Path, found: Iterable[str], source_lang: str, t
     )
 
 
+def read_text_file(path: Path) -> str:
+    """The whole file as UTF-8 text (a leading byte-order mark is dropped); a `ValueError` naming the file and line
+    of the first byte that is not UTF-8."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise ValueError(
+            f"{path}:{line}: byte 0x{data[error.start]:02x} at column {column} is not UTF-8; save the file as UTF-8 "
+            "(e.g. `iconv -f latin1 -t utf-8 in > out`)."
+        ) from None
+
+
 def _read_delimited(path: Path, source_lang: str, target_lang: str, delimiter: str) -> tuple[list[str], list[str]]:
+    """Rows must have as many fields as the header: a stray tab (TSV) or comma (CSV) is an error naming the line,
+    since dropping or merging the extra field would train on a wrong pair."""
     _require_file(path)
-    with path.open(encoding="utf-8", newline="") as handle:
-        # TSV files carry no quoting (a quote is part of the text); CSV uses standard quoting.
-        quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-        reader = csv.DictReader(handle, delimiter=delimiter, quoting=quoting)
-        header = reader.fieldnames or []
-        if source_lang not in header or target_lang not in header:
-            raise _missing_columns_error(path, header, source_lang, target_lang)
-        rows = list(reader)
-    return [row[source_lang] or "" for row in rows], [row[target_lang] or "" for row in rows]
+    # TSV files carry no quoting (a quote is part of the text); CSV uses standard quoting.
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    reader = csv.reader(io.StringIO(read_text_file(path), newline=""), delimiter=delimiter, quoting=quoting)
+    header = next(reader, [])
+    if source_lang not in header or target_lang not in header:
+        raise _missing_columns_error(path, header, source_lang, target_lang)
+    source_column, target_column = header.index(source_lang), header.index(target_lang)
+    name = "tab" if delimiter == "\t" else "comma"
+    sources, targets = [], []
+    rows = iter(reader)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            break
+        except csv.Error as error:  # e.g. a field over csv.field_size_limit(), an unclosed quote
+            raise ValueError(f"{path}:{reader.line_num}: {error}.") from None
+        if not row:  # blank line
+            continue
+        if len(row) != len(header):
+            if len(row) > len(header):
+                fix = f"a {name} inside the text: " + (
+                    "quote that field." if delimiter == "," else "replace it by a space."
+                )
+            else:
+                fix = f"a missing {name}" + (" or an unclosed quote." if delimiter == "," else ".")
+            raise ValueError(
+                f"{path}:{reader.line_num}: {len(row)} {name}-separated fields, but the header has {len(header)} "
+                f"({delimiter.join(header)!r}); probably {fix}"
+            )
+        sources.append(row[source_column])
+        targets.append(row[target_column])
+    return sources, targets
 
 
 def _read_json_lines(path: Path, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
     _require_file(path)
     sources, targets = [], []
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(
-                    f"{path}:{line_number} is not valid JSON ({error}); expected one object per line."
-                ) from None
-            record = record.get("translation", record) if isinstance(record, dict) else {}
-            if source_lang not in record or target_lang not in record:
-                raise _missing_columns_error(path, record.keys(), source_lang, target_lang)
-            sources.append(record[source_lang])
-            targets.append(record[target_lang])
+    for line_number, line in enumerate(read_text_file(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{path}:{line_number} is not valid JSON ({error}); expected one object per line."
+            ) from None
+        record = record.get("translation", record) if isinstance(record, dict) else {}
+        if source_lang not in record or target_lang not in record:
+            raise _missing_columns_error(path, record.keys(), source_lang, target_lang)
+        for value in (record[source_lang], record[target_lang]):
+            if not isinstance(value, str):
+                raise ValueError(f"{path}:{line_number}: expected text, got {type(value).__name__} {value!r}.")
+        sources.append(record[source_lang])
+        targets.append(record[target_lang])
     return sources, targets
 
 
@@ -151,8 +195,8 @@ def _read_moses(prefix: Path, source_lang: str, target_lang: str) -> tuple[list[
                 f"Data file not found: {candidate}. A path without a .tsv/.csv/.json/.jsonl suffix is read as a "
                 f"Moses prefix: {prefix}.{source_lang} and {prefix}.{target_lang} must both exist."
             )
-    sources = source_path.read_text(encoding="utf-8").splitlines()
-    targets = target_path.read_text(encoding="utf-8").splitlines()
+    sources = read_text_file(source_path).splitlines()
+    targets = read_text_file(target_path).splitlines()
     if len(sources) != len(targets):
         raise ValueError(
             f"Moses files are not parallel: {source_path} has {len(sources)} lines, {target_path} has {len(targets)}."

@@ -26,7 +26,7 @@ from transformers.utils import logging
 from .data import DataArguments, load_parallel_data, tokenize_parallel
 from .metrics import build_compute_metrics, decode_ids
 from .tokenization import check_special_token_ids
-from .training import RecipeArguments, TranslationTrainer, apply_paper_recipe
+from .training import RecipeArguments, TranslationTrainer, apply_paper_recipe, resolve_resume_checkpoint
 
 logger = logging.get_logger(__name__)
 
@@ -49,18 +49,24 @@ class ModelArguments:
 
 
 def parse_config_overrides(text: str | None) -> dict[str, Any]:
-    """'a=1,b=0.1,c=true,d=relu' -> {'a': 1, 'b': 0.1, 'c': True, 'd': 'relu'} (values read as JSON when possible)."""
+    """'a=1,b=0.1,c=true,d=relu' -> {'a': 1, 'b': 0.1, 'c': True, 'd': 'relu'} (values read as JSON when possible).
+
+    Unknown field names are a `ValueError` that suggests the closest field.
+    """
+    from .configuration_vanilla_transformer import VanillaTransformerConfig
+
     overrides: dict[str, Any] = {}
     for item in (text or "").split(","):
         if not item.strip():
             continue
-        if "=" not in item:
+        if "=" not in item or not item.split("=", 1)[0].strip():
             raise ValueError(f"Bad --config_overrides item {item!r}: expected name=value, e.g. 'dropout=0.3'.")
         name, value = (part.strip() for part in item.split("=", 1))
         try:
             overrides[name] = json.loads(value)
         except json.JSONDecodeError:
             overrides[name] = value
+    VanillaTransformerConfig.check_field_names(overrides, source="--config_overrides field")
     return overrides
 
 
@@ -83,7 +89,16 @@ def build_model(model_args: ModelArguments, tokenizer) -> PreTrainedModel:
 
     extra = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path:
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **extra)
+        from .configuration_vanilla_transformer import SIZE_FIELDS
+
+        overrides = parse_config_overrides(model_args.config_overrides)
+        sizes = sorted(set(overrides) & set(SIZE_FIELDS))
+        if sizes:
+            raise ValueError(
+                f"--config_overrides cannot change {sizes} of the saved model {model_args.model_name_or_path}: its "
+                "weights have those sizes. Override only non-size fields (e.g. dropout), or train from --preset."
+            )
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **overrides, **extra)
     else:
         overrides = {
             "vocab_size": len(tokenizer),
@@ -113,6 +128,29 @@ class MetricsFileCallback(TrainerCallback):
 
     def __init__(self, output_dir: str | os.PathLike):
         self.output_dir = Path(output_dir)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        """On a resume from step k, drop the rows logged after step k by the interrupted run: training repeats those
+        steps, so keeping them would log each twice. A fresh run (k = 0) in a used folder starts new files."""
+        if state.is_world_process_zero:
+            self.drop_rows_after(state.global_step)
+
+    def drop_rows_after(self, step: int) -> None:
+        """Rewrite metrics.jsonl and metrics.csv without the rows of steps > `step`."""
+        path = self.output_dir / "metrics.jsonl"
+        if path.is_file():
+            lines = path.read_text(encoding="utf-8").splitlines()
+            kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+            if len(kept) < len(lines):
+                logger.info(f"Training starts at step {step}: dropped {len(lines) - len(kept)} later rows of {path}.")
+            path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        path = self.output_dir / "metrics.csv"
+        if path.is_file():
+            with path.open(encoding="utf-8", newline="") as handle:
+                rows = list(csv.reader(handle))
+            kept = rows[:1] + [row for row in rows[1:] if row and int(row[0]) <= step]
+            with path.open("w", encoding="utf-8", newline="") as handle:
+                csv.writer(handle).writerows(kept)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -233,6 +271,9 @@ def run_training(
     files' own names would not say what it is. Returns the final metrics (test_bleu, test_chrf, ...) that are also
     written to `<output_dir>/all_results.json`.
     """
+    check_run_arguments(training_args, model_args)
+    parse_config_overrides(model_args.config_overrides)  # fail on a typo now, not after loading the data
+    resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
     tokenizer = load_tokenizer(data_args, model_args)
     raw = load_parallel_data(data_args)
     tokenized = {}
@@ -261,7 +302,7 @@ def run_training(
     results: dict[str, Any] = {"parameters": sum(p.numel() for p in model.parameters())}
     if training_args.do_train:
         started = time.monotonic()
-        train_output = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        train_output = trainer.train(resume_from_checkpoint=resume)
         wall_s = time.monotonic() - started
         tokens = trainer.tokens_seen
         results.update(
@@ -303,6 +344,35 @@ def average_final_weights(trainer: TranslationTrainer, count: int) -> list[str]:
         )
     model = trainer.accelerator.unwrap_model(trainer.model)
     return average_with_checkpoints(model, trainer.args.output_dir, count, trainer.state.global_step)
+
+
+def check_run_arguments(training_args: Seq2SeqTrainingArguments, model_args: ModelArguments | None = None) -> None:
+    """Refuse runs that would do nothing and still exit 0 (no --do_* flag, training for zero steps) or score an
+    untrained model (--do_eval/--do_predict without --do_train or --model_name_or_path)."""
+    if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
+        raise ValueError(
+            "Nothing to do: pass --do_train to train (add --predict_with_generate to score the test split after "
+            "training), or --do_eval/--do_predict with --model_name_or_path --predict_with_generate to score a saved "
+            "model."
+        )
+    if not training_args.do_train and not training_args.predict_with_generate:
+        raise ValueError(
+            "Nothing to do: without --do_train, --do_eval/--do_predict only score the test split with "
+            "--predict_with_generate; add it (and --model_name_or_path for the model to score)."
+        )
+    if not training_args.do_train and model_args is not None and not model_args.model_name_or_path:
+        raise ValueError(
+            "--do_eval/--do_predict without --do_train would score a randomly initialised model: pass "
+            "--model_name_or_path with the model to score, or add --do_train."
+        )
+    if training_args.do_train:
+        if training_args.max_steps == 0:
+            raise ValueError("--max_steps 0 trains nothing: pass --max_steps N > 0, or drop --do_train to only score.")
+        if training_args.max_steps < 0 and training_args.num_train_epochs <= 0:
+            raise ValueError(
+                f"--num_train_epochs {training_args.num_train_epochs} trains nothing: pass --num_train_epochs > 0 or "
+                "--max_steps N > 0, or drop --do_train to only score."
+            )
 
 
 def training_info(data_args, model_args, training_args, recipe, trainer, train_pairs: int) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -15,13 +16,28 @@ from .metrics import corpus_scores
 logger = logging.get_logger(__name__)
 
 
-def load_translation_model(path: str | os.PathLike, device: str | None = None) -> tuple[PreTrainedModel, object]:
-    """Model and tokenizer from a folder written by scripts/train.py (or scripts/average_checkpoints.py)."""
+def load_model_folder(path: str | os.PathLike, **kwargs) -> PreTrainedModel:
+    """`AutoModelForSeq2SeqLM.from_pretrained(path)`, with unreadable weights reported with the file's name
+    (safetensors' own errors name none)."""
     import vanilla_transformer  # noqa: F401  (registers the Auto classes)
 
+    try:
+        return AutoModelForSeq2SeqLM.from_pretrained(path, **kwargs)
+    except Exception as error:
+        if type(error).__name__ != "SafetensorError":
+            raise
+        files = sorted(p.name for p in Path(path).glob("*.safetensors"))
+        raise ValueError(
+            f"Cannot read the weights in {path} ({', '.join(files) or 'no .safetensors file'}): {error}. The file is "
+            "damaged or incomplete (an interrupted copy or save?); copy or save it again."
+        ) from None
+
+
+def load_translation_model(path: str | os.PathLike, device: str | None = None) -> tuple[PreTrainedModel, object]:
+    """Model and tokenizer from a folder written by scripts/train.py (or scripts/average_checkpoints.py)."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"Model folder not found: {path}. Pass the --output_dir of a training run.")
-    model = AutoModelForSeq2SeqLM.from_pretrained(path)
+    model = load_model_folder(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device).eval(), tokenizer

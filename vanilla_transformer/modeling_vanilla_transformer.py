@@ -74,10 +74,25 @@ def seq2seq_cross_entropy(
     return per_token.sum() / (flat_labels != IGNORE_INDEX).sum()
 
 
+def _is_tracing() -> bool:
+    """Under torch.compile/torch.export or jit tracing, shape checks would become guards: skip them there."""
+    return is_torchdynamo_compiling() or torch.jit.is_tracing()
+
+
 def _check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, allow_ignore: bool = False) -> None:
-    """A clear error for ids outside the vocabulary, instead of an IndexError from deep inside torch."""
-    if ids is None or is_torchdynamo_compiling() or ids.numel() == 0:
+    """A clear error for ids of the wrong type, rank or size, or outside the vocabulary, instead of a reshape or
+    IndexError from deep inside torch."""
+    if ids is None or _is_tracing():
         return
+    if not isinstance(ids, torch.Tensor):
+        raise ValueError(f"`{name}` must be a torch.LongTensor of shape (batch, length), got {type(ids).__name__}.")
+    if ids.dim() != 2:
+        raise ValueError(f"`{name}` must have shape (batch, length), got shape {tuple(ids.shape)}.")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ValueError(
+            f"`{name}` is empty (shape {tuple(ids.shape)}): it needs at least one sequence of at least one token "
+            "(the tokenizer adds </s> even to an empty sentence)."
+        )
     if ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise ValueError(f"`{name}` must hold integer token ids, got dtype {ids.dtype}.")
     low, high = torch.aminmax(ids)  # one pass; this check runs at every decoding step
@@ -276,6 +291,11 @@ class VanillaTransformerDecoder(TransformerStack):
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         past_len = cache.get_seq_length() if cache is not None else 0
         if not is_torchdynamo_compiling():
+            if encoder_hidden_states.shape[0] != batch_size:
+                raise ValueError(
+                    f"The decoder input has batch size {batch_size} but the encoder output "
+                    f"{encoder_hidden_states.shape[0]}: `decoder_input_ids`/`labels` need one row per source row."
+                )
             _check_mask(
                 "decoder_attention_mask", attention_mask, batch_size, (tgt_len, int(past_len) + tgt_len),
                 "the decoder input of shape (batch, past + tgt_len)",
@@ -419,6 +439,11 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate`, unchanged in what it returns. On CPU in fp32, with `config.cpu_weight_packing`,
         the decoder's and `lm_head`'s products run on weights packed once by oneDNN (see `linear.py`)."""
+        config = kwargs.get("generation_config")
+        for name in ("num_beams", "max_new_tokens"):
+            value = kwargs.get(name, getattr(config, name, None))
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"generate(): `{name}` must be an integer >= 1, got {value!r}.")
         with packed_weights(self):
             return super().generate(*args, **kwargs)
 
@@ -461,6 +486,17 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         if labels is not None:
             _check_token_ids("labels", labels, self.config.vocab_size, allow_ignore=True)
+            source = input_ids if input_ids is not None else inputs_embeds
+            if (
+                isinstance(source, torch.Tensor)
+                and source.dim() > 1
+                and not _is_tracing()
+                and labels.shape[0] != len(source)
+            ):
+                raise ValueError(
+                    f"`labels` has batch size {labels.shape[0]} but the inputs have {source.shape[0]}: one row of "
+                    "target ids per source row."
+                )
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)

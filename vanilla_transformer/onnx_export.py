@@ -431,10 +431,6 @@ def export_model(
         validate: compare onnxruntime with PyTorch on `validation_grid`; an fp32 export fails above `tolerance`.
         tokenizer_dir: where `tokenizer.json` lives; defaults to `model_dir`.
     """
-    from transformers import AutoModelForSeq2SeqLM
-
-    import vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
-
     if dtype not in ("fp32", "fp16"):
         raise ValueError(f"dtype must be 'fp32' or 'fp16', got {dtype!r}")
     if quantize not in (None, "int8"):
@@ -447,9 +443,10 @@ def export_model(
     output_dir.mkdir(parents=True, exist_ok=True)
     copy_tokenizer(Path(tokenizer_dir) if tokenizer_dir else model_dir, output_dir)
 
+    from .inference import load_model_folder
     from .onnx_validation import validate_export
 
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = load_model_folder(model_dir, dtype=torch.float32).eval()
     export_graphs(model, output_dir, opset=opset)
     report: dict = {}
     if validate:

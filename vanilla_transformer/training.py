@@ -5,11 +5,15 @@ length (§5.1), which the stock Trainer cannot build. Runs unchanged under `acce
 
 from __future__ import annotations
 
+import argparse
 import functools
 import inspect
 import math
+import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -192,6 +196,100 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# Command-line checks and resuming
+# --------------------------------------------------------------------------------------------------------------------
+
+TRAINER_STATE_FILE = "trainer_state.json"  # written last into a checkpoint: its presence marks a complete one
+_CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+def check_precision_flags(argv: Sequence[str], has_gpu: bool | None = None) -> None:
+    """Clear errors for `--fp16`/`--bf16` misuse, before transformers' own messages (which speak of GPUs).
+
+    Both together are contradictory; `--bf16` on a machine without a GPU needs `--use_cpu` (bf16 autocast then runs
+    on the CPU).
+    """
+    from transformers.hf_argparser import string_to_bool
+
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for name in ("fp16", "bf16", "use_cpu"):
+        parser.add_argument(f"--{name}", type=string_to_bool, nargs="?", const=True, default=False)
+    flags, _ = parser.parse_known_args(list(argv))
+    if flags.fp16 and flags.bf16:
+        raise ValueError(
+            "--fp16 and --bf16 both ask for mixed precision; pass one: --bf16 (CPU with --use_cpu, Ampere or newer "
+            "GPUs) or --fp16 (GPUs)."
+        )
+    if has_gpu is None:
+        has_gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+    if flags.bf16 and not flags.use_cpu and not has_gpu:
+        raise ValueError("--bf16 on a machine without a GPU needs --use_cpu: bf16 autocast then runs on the CPU.")
+
+
+def is_complete_checkpoint(folder: str | os.PathLike) -> bool:
+    """A `checkpoint-N` folder the Trainer finished writing: the trainer state (saved last) and model weights."""
+    folder = Path(folder)
+    weights = any((folder / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json"))
+    return (folder / TRAINER_STATE_FILE).is_file() and weights
+
+
+def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The highest-numbered complete `checkpoint-N` in `output_dir`; incomplete ones (a save that was interrupted)
+    are skipped with a warning."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return None
+    found = sorted(
+        (int(m.group(1)), child)
+        for child in output_dir.iterdir()
+        if child.is_dir() and (m := _CHECKPOINT_NAME.match(child.name))
+    )
+    for _, folder in reversed(found):
+        if is_complete_checkpoint(folder):
+            return folder
+        logger.warning(f"Skipping incomplete checkpoint {folder} (no {TRAINER_STATE_FILE} or weights).")
+    return None
+
+
+def resolve_resume_checkpoint(value: str | bool | None, output_dir: str | os.PathLike) -> str | None:
+    """What `--resume_from_checkpoint` names, as a checkpoint folder for `Trainer.train`.
+
+    `True`/"true"/"last" or a run folder (one holding `checkpoint-N` folders) mean its last complete checkpoint; a
+    checkpoint folder is used as given if complete. None, False, "" or "false" mean a fresh start.
+    """
+    if value is None or value is False or (isinstance(value, str) and value.strip().lower() in ("", "false", "no")):
+        return None
+    if value is True or (isinstance(value, str) and value.strip().lower() in ("true", "yes", "last")):
+        folder = last_complete_checkpoint(output_dir)
+        if folder is None:
+            raise ValueError(
+                f"--resume_from_checkpoint {value}: no complete checkpoint-N folder in --output_dir {output_dir}. "
+                "Start without --resume_from_checkpoint, or pass the checkpoint folder."
+            )
+        return str(folder)
+    path = Path(value)
+    if not path.is_dir():
+        raise ValueError(f"--resume_from_checkpoint {value}: no such folder (pass a checkpoint-N folder, or True).")
+    if is_complete_checkpoint(path):
+        return str(path)
+    folder = last_complete_checkpoint(path)
+    if folder is not None:
+        return str(folder)
+    if _CHECKPOINT_NAME.match(path.name):
+        previous = last_complete_checkpoint(path.parent)
+        hint = f" The last complete one is {previous}." if previous else ""
+        raise ValueError(
+            f"--resume_from_checkpoint {value} is incomplete (no {TRAINER_STATE_FILE} or weights; was its saving "
+            f"interrupted?).{hint}"
+        )
+    raise ValueError(f"--resume_from_checkpoint {value} holds no complete checkpoint-N folder.")
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite; raised before the update, so no checkpoint holds it."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # The recipe switch and the Trainer
 # --------------------------------------------------------------------------------------------------------------------
 
@@ -255,6 +353,21 @@ class TranslationTrainer(Seq2SeqTrainer):
         return super().compute_loss(
             model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
         )
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """The Trainer's step, stopped before the update when the loss is not finite: an update with NaN gradients
+        would spoil every weight, and the next checkpoint with it. (The Trainer syncs on this value itself when it
+        filters NaN logs, so the check costs no extra synchronisation there.)"""
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if not bool(torch.isfinite(loss).all()):
+            step = self.state.global_step + 1
+            raise NonFiniteLossError(
+                f"The training loss is {loss.item()} at step {step} (update {step} of {self.state.max_steps}); "
+                f"stopping before the update, so the checkpoints in {self.args.output_dir} stay finite. Lower "
+                "--learning_rate, set --max_grad_norm, use --bf16 instead of --fp16, or check the data, then resume "
+                "with --resume_from_checkpoint True."
+            )
+        return loss
 
     def get_train_dataloader(self) -> DataLoader:
         if not self.max_tokens:

@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--length-penalty", type=float, default=None)
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args(argv)
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
 
     translator = OrtTranslator(args.folder, provider=args.provider, intra_op_num_threads=args.threads)
     texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]

@@ -166,6 +166,19 @@ def check_token_array(name: str, array: np.ndarray) -> np.ndarray:
     return array.astype(np.int64, copy=False)
 
 
+def check_texts(texts) -> None:
+    """`texts` must be a non-empty list (or tuple) of str; errors name the offending item."""
+    if isinstance(texts, str):
+        raise ValueError("texts must be a list of strings, got a single str: pass [text]")
+    if not isinstance(texts, (list, tuple)):
+        raise TypeError(f"texts must be a list of strings, got {type(texts).__name__}")
+    if not texts:
+        raise ValueError("texts is empty: pass at least one string")
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"texts[{index}] must be a str, got {type(text).__name__} {text!r:.40}")
+
+
 def scores_feed(running_scores: np.ndarray, bias: np.ndarray, batch_size: int, k: int) -> dict[str, np.ndarray]:
     """The `beam_scores.onnx` inputs besides the logits."""
     return {
@@ -444,10 +457,7 @@ class OrtTranslator:
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Tokenize and right-pad a batch: (input_ids, attention_mask), both (batch, longest) int64."""
-        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-            raise ValueError("texts must be a list of strings")
-        if not texts:
-            raise ValueError("texts is empty")
+        check_texts(texts)
         encodings = self.tokenizer.encode_batch(texts)
         longest = max(len(e.ids) for e in encodings)
         pad = self.settings.pad_token_id or 0
