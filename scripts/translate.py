@@ -10,6 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from vanilla_transformer.data import read_text_file
 from vanilla_transformer.inference import load_translation_model, translate
 
 
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> list[str]:
     if args.input_file:
         if not Path(args.input_file).is_file():
             parser.error(f"--input_file {args.input_file} does not exist")
-        lines = Path(args.input_file).read_text(encoding="utf-8").splitlines()
+        lines = read_text_file(Path(args.input_file)).splitlines()  # a non-UTF-8 byte is an error naming the line
     else:
         lines = sys.stdin.read().splitlines()
     model, tokenizer = load_translation_model(args.model, args.device)

@@ -32,7 +32,7 @@ STEPS, SAVE_STEPS, KILL_AT = 12, 4, 10
 
 @pytest.fixture(scope="module")
 def train_file(tmp_path_factory):
-    """40 pairs: about five token-budget batches per epoch, so a 12-update run with accumulation 2 spans epochs."""
+    """40 pairs: four token-budget batches, two updates per epoch, so the run and its resume cross epochs."""
     path = tmp_path_factory.mktemp("runs") / "train.tsv"
     path.write_text("en\tde\n" + "".join(f"{en}\t{de}\n" for en, de in make_pairs(40, seed=1)), encoding="utf-8")
     return path

@@ -140,7 +140,7 @@ class MetricsFileCallback(TrainerCallback):
         path = self.output_dir / "metrics.jsonl"
         if path.is_file():
             lines = path.read_text(encoding="utf-8").splitlines()
-            kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+            kept = [line for line in lines if _logged_step(line) <= step]
             if len(kept) < len(lines):
                 logger.info(f"Training starts at step {step}: dropped {len(lines) - len(kept)} later rows of {path}.")
             path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
@@ -148,7 +148,7 @@ class MetricsFileCallback(TrainerCallback):
         if path.is_file():
             with path.open(encoding="utf-8", newline="") as handle:
                 rows = list(csv.reader(handle))
-            kept = rows[:1] + [row for row in rows[1:] if row and int(row[0]) <= step]
+            kept = rows[:1] + [row for row in rows[1:] if row and row[0].isdigit() and int(row[0]) <= step]
             with path.open("w", encoding="utf-8", newline="") as handle:
                 csv.writer(handle).writerows(kept)
 
@@ -211,6 +211,14 @@ class TimeBudgetCallback(TrainerCallback):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def _logged_step(line: str) -> float:
+    """The step of a metrics.jsonl line; infinite (dropped) for a line cut short by a killed process."""
+    try:
+        return json.loads(line).get("step", 0)
+    except (json.JSONDecodeError, AttributeError):
+        return float("inf")
 
 
 def _on_any_rank(flag: bool) -> bool:
