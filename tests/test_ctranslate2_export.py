@@ -228,3 +228,58 @@ def test_script(tmp_path):
     assert (output / "model.bin").is_file() and "int8" in done.stdout
     again = subprocess.run(command + ["--output", str(output)], capture_output=True, text=True, check=False)
     assert again.returncode == 1 and "already exists" in again.stderr
+
+
+def test_model_imported_from_marian(tmp_path):
+    """An OPUS-MT-shaped Marian (swish, final_logits_bias, decoder starting from pad, EOS 0), imported with
+    `convert.from_marian`, exported with Marian's vocab.json: CTranslate2 decodes as MarianMTModel does."""
+    from transformers import MarianConfig, MarianMTModel
+
+    from vanilla_transformer.convert import from_marian
+
+    words = [f"w{i}" for i in range(34)]
+    vocab = ["</s>", "<unk>"] + words + ["<pad>"]  # Marian's layout: pad (the decoder start) last
+    torch.manual_seed(0)
+    marian = MarianMTModel(
+        MarianConfig(
+            vocab_size=len(vocab),
+            decoder_vocab_size=len(vocab),
+            d_model=32,
+            encoder_layers=2,
+            decoder_layers=3,
+            encoder_attention_heads=4,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=48,
+            decoder_ffn_dim=40,
+            activation_function="swish",
+            max_position_embeddings=64,
+            scale_embedding=True,
+            dropout=0.0,
+            share_encoder_decoder_embeddings=True,
+            pad_token_id=len(vocab) - 1,
+            eos_token_id=0,
+            decoder_start_token_id=len(vocab) - 1,
+            forced_eos_token_id=None,
+        )  # fmt: skip
+    ).eval()
+    with torch.no_grad():
+        marian.final_logits_bias.normal_(0.0, 1.0)
+    folder = tmp_path / "imported"
+    from_marian(marian).save_pretrained(folder)
+    (folder / "vocab.json").write_text(json.dumps({token: i for i, token in enumerate(vocab)}))
+    ct2 = translator(export_ctranslate2(folder, tmp_path / "ct2"))
+    assert json.loads((tmp_path / "ct2" / "config.json").read_text())["decoder_start_token"] == "<pad>"
+
+    generator = torch.Generator().manual_seed(0)
+    sources = [torch.randint(2, len(vocab) - 1, (n,), generator=generator).tolist() + [0] for n in (3, 7, 11)]
+    for num_beams in (1, 4):
+        options = generation_options(num_beams=num_beams, max_new_tokens=12)
+        results = ct2.translate_batch([[vocab[i] for i in ids] for ids in sources], **options)
+        for ids, result in zip(sources, results, strict=True):
+            output = marian.generate(
+                torch.tensor([ids]), num_beams=num_beams, max_new_tokens=12, early_stopping=True,
+                forced_eos_token_id=None, bad_words_ids=None,
+            )[0, 1:].tolist()  # fmt: skip
+            if 0 in output:
+                output = output[: output.index(0) + 1]
+            assert result.hypotheses[0] == [vocab[i] for i in output]
