@@ -404,10 +404,16 @@ def _graph_io(path: Path) -> dict:
 
 
 def copy_tokenizer(tokenizer_dir: Path, output_dir: Path) -> None:
-    """Copy `tokenizer.json` (required) and its side files; raises ValueError when there is no tokenizer."""
+    """Copy `tokenizer.json` and its side files, or Marian's sentencepiece files (a model converted from Marian);
+    raises ValueError when there is no tokenizer."""
+    from vanilla_transformer_ort.marian_tokenizer import MARIAN_TOKENIZER_FILES, is_marian_tokenizer_folder
+
+    names = TOKENIZER_FILES
     if not (tokenizer_dir / "tokenizer.json").is_file():
-        raise ValueError(f"No tokenizer.json in {tokenizer_dir}: the export folder needs the tokenizer to run.")
-    for name in TOKENIZER_FILES:
+        if not is_marian_tokenizer_folder(tokenizer_dir):
+            raise ValueError(f"No tokenizer.json in {tokenizer_dir}: the export folder needs the tokenizer to run.")
+        names = MARIAN_TOKENIZER_FILES + ("special_tokens_map.json",)
+    for name in names:
         if (tokenizer_dir / name).is_file():
             shutil.copy2(tokenizer_dir / name, output_dir / name)
 

@@ -76,7 +76,10 @@ def _reference(model: nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, n
         for layer in cache.self_attention_cache.layers:
             past += [layer.keys.numpy().copy(), layer.values.numpy().copy()]
     outputs = model.model.decoder(input_ids=inputs["new_ids"], cache=cache, **decoder_kwargs)
-    result = {"last_hidden_state": encoder_states.numpy(), "logits": model.lm_head(outputs.last_hidden_state).numpy()}
+    logits = model.lm_head(outputs.last_hidden_state)  # (batch, tgt_len, vocab)
+    if getattr(model, "final_logits_bias", None) is not None:
+        logits = logits + model.final_logits_bias
+    result = {"last_hidden_state": encoder_states.numpy(), "logits": logits.numpy()}
     for i in range(config.decoder_layers):
         cross = outputs.cache.cross_attention_cache.layers[i]
         own = outputs.cache.self_attention_cache.layers[i]
