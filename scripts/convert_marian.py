@@ -18,7 +18,9 @@ from vanilla_transformer.convert import ConversionReport, save_converted  # noqa
 
 def main(argv: list[str] | None = None) -> ConversionReport:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="MarianMTModel folder or Hub id (e.g. Helsinki-NLP/opus-mt-en-de)")
+    parser.add_argument(
+        "--model", required=True, help="MarianMTModel folder or Hub id (e.g. Helsinki-NLP/opus-mt-en-de)"
+    )
     parser.add_argument("--output", required=True, help="folder to write")
     parser.add_argument("--no_verify", action="store_true", help="skip the logits comparison with MarianMTModel")
     args = parser.parse_args(argv)

@@ -200,7 +200,7 @@ class VanillaTransformerConfig(PreTrainedConfig):
         for field, limit in limits.items():
             value = getattr(self, field)
             if value is not None and not 0 <= value < limit:
-                sizes = f"vocab_size={self.vocab_size}" + (f", target vocabulary {target}" if target != self.vocab_size else "")
+                sizes = f"vocab_size={self.vocab_size}, target vocabulary {target}"
                 raise ValueError(f"`{field}` must be in [0, {limit}) ({sizes}), got {value}.")
 
 

@@ -134,10 +134,9 @@ def _permute(name: str, tensor: torch.Tensor, perm: torch.Tensor) -> tuple[torch
             return tensor[:, perm], "projection from d_model: input columns permuted"
         return tensor, "projection bias (not in d_model): copied"
     if base.endswith(("out_proj", "fc2")):  # writes the residual stream: (d_model, in) and (d_model,)
-        return (tensor[perm, :], "projection to d_model: output rows permuted") if kind == "weight" else (
-            tensor[perm],
-            "projection bias in d_model: permuted",
-        )
+        if kind == "weight":
+            return tensor[perm, :], "projection to d_model: output rows permuted"
+        return tensor[perm], "projection bias in d_model: permuted"
     if base.endswith("layer_norm"):
         return tensor[perm], "LayerNorm γ/β: permuted"
     raise ValueError(f"No conversion rule for Marian tensor {name!r}.")
