@@ -402,3 +402,17 @@ def test_opus_mt_en_de_translates_like_marian(tmp_path):
     assert tokenizer.batch_decode(actual, skip_special_tokens=True) == tokenizer.batch_decode(
         expected, skip_special_tokens=True
     )
+
+
+def test_runtime_reads_marian_generation_settings(tmp_path):
+    from vanilla_transformer_ort.runtime import settings_from_folder
+
+    (tmp_path / "config.json").write_text(json.dumps({"decoder_start_token_id": 9, "eos_token_id": 0}))
+    generation = {"bad_words_ids": [[9], [0]], "renormalize_logits": True, "pad_token_id": 9}
+    (tmp_path / "generation_config.json").write_text(json.dumps(generation))
+    settings = settings_from_folder(tmp_path)
+    assert settings.banned_token_ids == [9] and settings.renormalize_logits  # an EOS "bad word" is dropped
+    generation["bad_words_ids"] = [[9], [4, 5]]
+    (tmp_path / "generation_config.json").write_text(json.dumps(generation))
+    with pytest.raises(ValueError, match="bad_words_ids"):
+        settings_from_folder(tmp_path)
