@@ -13,6 +13,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 from tests.onnx_helpers import CONFIG, SENTENCES, build_tokenizer, load_trained_model, trained_model_dir  # noqa: E402
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
 from vanilla_transformer.ctranslate2_export import (  # noqa: E402
+    _fit_vocabulary,
     check_exportable,
     export_ctranslate2,
     generation_options,
@@ -70,6 +71,14 @@ def test_position_table_is_the_closed_form_from_position_zero():
     assert table.shape == (40, 16)
     torch.testing.assert_close(torch.from_numpy(table), sinusoidal_positional_encoding(torch.arange(40), 16))
     assert table[0, 0] == 0.0 and table[0, 1] == 1.0  # sin(0), cos(0): row 0 is position 0
+
+
+def test_vocabulary_is_padded_to_the_embedding_size(tmp_path):
+    (tmp_path / "vocab.json").write_text(json.dumps({"</s>": 0, "<unk>": 1, "<unused_0>": 2}))
+    tokens = read_vocabulary(tmp_path / "vocab.json")
+    assert _fit_vocabulary(tokens, 5, tmp_path, "vocab_size") == tokens + ["<unused_1>", "<unused_2>"]
+    with pytest.raises(ValueError, match="vocab_size"):
+        _fit_vocabulary(tokens, 2, tmp_path, "vocab_size")
 
 
 def test_export_folder(trained_export):

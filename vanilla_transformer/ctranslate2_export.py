@@ -61,9 +61,12 @@ def _fit_vocabulary(tokens: list[str], size: int, source: Path, what: str) -> li
     """The vocabulary padded with unused placeholder tokens up to the embedding size (models often round it up)."""
     if len(tokens) > size:
         raise ValueError(f"{source} has {len(tokens)} tokens but the model's {what} has {size} rows.")
-    existing = set(tokens)
-    padding = [f"<unused_{i}>" for i in range(size - len(tokens)) if f"<unused_{i}>" not in existing]
-    return tokens + padding
+    existing, padded, index = set(tokens), list(tokens), 0
+    while len(padded) < size:
+        if f"<unused_{index}>" not in existing:
+            padded.append(f"<unused_{index}>")
+        index += 1
+    return padded
 
 
 def _find_vocabulary(folder: Path, names: tuple[str, ...]) -> Path | None:
