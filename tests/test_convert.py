@@ -416,3 +416,25 @@ def test_runtime_reads_marian_generation_settings(tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps(generation))
     with pytest.raises(ValueError, match="bad_words_ids"):
         settings_from_folder(tmp_path)
+
+
+def test_convert_script_help(capsys):
+    from tests.test_scripts import load_script
+
+    with pytest.raises(SystemExit) as exit_info:
+        load_script("convert_marian").main(["--help"])
+    assert exit_info.value.code == 0 and "--model" in capsys.readouterr().out
+
+
+def test_convert_script_from_a_marian_folder(tokenizers, tmp_path, capsys):
+    from tests.test_scripts import load_script
+
+    tokenizer = tokenizers[False]
+    marian = build_marian(tokenizer, share=True)
+    marian.save_pretrained(tmp_path / "marian")
+    tokenizer.save_pretrained(tmp_path / "marian")
+    arguments = ["--model", str(tmp_path / "marian"), "--output", str(tmp_path / "out")]
+    report = load_script("convert_marian").main(arguments)
+    assert report.max_abs_logit_diff < 1e-4 and "max |logits - MarianMTModel logits|" in capsys.readouterr().out
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out")
+    assert verify_conversion(marian, model) < 1e-4
