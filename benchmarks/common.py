@@ -347,6 +347,17 @@ def convert_ct2(marian_dir: Path, output_dir: Path, quantization: str) -> None:
     converter.convert(str(output_dir), quantization=None if quantization == "fp32" else quantization, force=True)
 
 
+def vanilla_ct2(model_dir: Path, quantization: str) -> Path:
+    """This package's own CTranslate2 export of `model_dir`, made once next to it: `<model_dir>-ct2-<quantization>`."""
+    from vanilla_transformer.ctranslate2_export import export_ctranslate2
+
+    output = model_dir.parent / f"{model_dir.name}-ct2-{quantization}"
+    if not (output / "model.bin").exists():
+        weights = None if quantization == "fp32" else quantization
+        export_ctranslate2(model_dir, output, quantization=weights, force=True)
+    return output
+
+
 def onnx_available() -> bool:
     """True once this branch has the ONNX export and the onnxruntime translator."""
     try:

@@ -1,4 +1,5 @@
-"""Generation speed, side by side: transformers' Marian, this package (PyTorch and onnxruntime), CTranslate2.
+"""Generation speed, side by side: transformers' Marian, this package (PyTorch, onnxruntime and its own CTranslate2
+export), CTranslate2 running the Marian model.
 
 Every system translates the same random 24-token sources into exactly 32 new tokens (EOS is masked until then), with
 greedy search and beam 4, at batch 1 and 16. Systems are timed interleaved, round after round, on pinned threads.
@@ -70,11 +71,12 @@ def hf_generate(model) -> Generate:
     return run
 
 
-def ct2_generate(path: Path, threads: int) -> Generate:
+def ct2_generate(path: Path, threads: int, vocab: list[str] | None = None) -> Generate:
+    """CTranslate2 on token strings: `vocab` maps ids to them (default: the Marian peer's vocabulary)."""
     import ctranslate2
 
     translator = ctranslate2.Translator(str(path), device="cpu", intra_threads=threads, inter_threads=1)
-    vocab = common.marian_vocabulary()
+    vocab = vocab or common.marian_vocabulary()
     index = {tok: i for i, tok in enumerate(vocab)}
 
     def run(ids: np.ndarray, num_beams: int) -> list[list[int]]:
@@ -138,6 +140,12 @@ def load_systems(paths: dict[str, Path], threads: int, only: list[str] | None = 
         ),
         "CTranslate2 fp32": lambda: ct2_generate(paths["ct2-fp32"], threads),
         "CTranslate2 int8": lambda: ct2_generate(paths["ct2-int8"], threads),
+        "vanilla CT2 fp32": lambda: ct2_generate(
+            common.vanilla_ct2(paths["vanilla"], "fp32"), threads, common.vanilla_vocabulary()
+        ),
+        "vanilla CT2 int8": lambda: ct2_generate(
+            common.vanilla_ct2(paths["vanilla"], "int8"), threads, common.vanilla_vocabulary()
+        ),
     }
     if common.onnx_available():
         loaders["vanilla ORT fp32"] = lambda: ort_generate(paths["onnx-fp32"], threads)

@@ -69,7 +69,7 @@ def test_final_weights_averaged_with_earlier_checkpoints(run_dir, toy_tokenizer_
     names = average_with_checkpoints(model, run_dir, count=3, step=20)
     assert names == ["checkpoint-5", "checkpoint-10", "step 20"]
     saved = [load_file(str(run_dir / f"checkpoint-{step}" / "model.safetensors")) for step in (5, 10)]
-    for name, tensor in saved[0].items():
+    for name in saved[0]:
         expected = (saved[0][name].double() + saved[1][name].double() + final[name].double()) / 3
         np.testing.assert_allclose(model.state_dict()[name].double().numpy(), expected.numpy(), rtol=0, atol=1e-6)
     assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()

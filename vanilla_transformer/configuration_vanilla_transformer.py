@@ -53,7 +53,8 @@ class VanillaTransformerConfig(PreTrainedConfig):
 
     Field → paper symbol:
 
-    - `vocab_size`: size of the shared source/target vocabulary (§5.1: ~37,000 BPE tokens for EN-DE).
+    - `vocab_size`: size of the shared source/target vocabulary (§5.1: ~37,000 BPE tokens for EN-DE); with
+      `share_encoder_decoder_embeddings=False`, the size of the source vocabulary.
     - `d_model`: d_model, the width of every sub-layer output and embedding (§3.1; 512 base, 1024 big).
     - `encoder_layers`, `decoder_layers`: N, the number of identical layers per stack (§3.1; 6).
     - `encoder_attention_heads`, `decoder_attention_heads`: h, the number of heads (§3.2.2; 8 base, 16 big);
@@ -84,6 +85,19 @@ class VanillaTransformerConfig(PreTrainedConfig):
       output projection's matrix products with weights packed once by oneDNN (`linear.Linear`): 1.2-2.2x faster
       decoding at base size, for a second copy of those weights in memory. An engineering switch, not in the paper;
       `model.set_cpu_weight_packing(False)` turns it off.
+
+    Opt-in fields for importing MarianMT / OPUS-MT checkpoints (see `convert.py`); the defaults are the paper's model:
+
+    - `add_final_logits_bias`: add a trained bias vector, the buffer `final_logits_bias` of shape (1, target vocab), to
+      the logits, as Marian does. Not in the paper (its pre-softmax projection is the bare embedding matrix, §3.4):
+      False by default.
+    - `share_encoder_decoder_embeddings`: one embedding matrix (`model.shared`) for source and target tokens, as in
+      the paper (§3.4, a joint vocabulary). False gives the encoder and the decoder embedding matrices of their own
+      (`model.encoder.embed_tokens`, `model.decoder.embed_tokens`, Marian's layout for separate vocabularies); with
+      `tie_word_embeddings` the pre-softmax projection then shares the decoder's matrix.
+    - `decoder_vocab_size`: size of the target vocabulary. None (the default) means `vocab_size` and is stored as
+      `vocab_size`, as `MarianConfig` does (transformers reads `decoder_*` fields as the decoder's). The paper uses one
+      joint vocabulary, so it must equal `vocab_size` while the embeddings are shared.
 
     Use `VanillaTransformerConfig.from_preset("base" | "big" | "small" | "tiny", **overrides)` for Table 3's rows.
     """
@@ -121,6 +135,9 @@ class VanillaTransformerConfig(PreTrainedConfig):
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
     decoder_start_token_id: int | None = 1
+    add_final_logits_bias: bool = False
+    share_encoder_decoder_embeddings: bool = True
+    decoder_vocab_size: int | None = None
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "VanillaTransformerConfig":
@@ -167,7 +184,17 @@ class VanillaTransformerConfig(PreTrainedConfig):
                 )
         return super().from_dict(config_dict, **kwargs)
 
+    @property
+    def target_vocab_size(self) -> int:
+        """Size of the decoder's vocabulary: `decoder_vocab_size` when the embeddings are not shared, else
+        `vocab_size`."""
+        if self.share_encoder_decoder_embeddings or self.decoder_vocab_size is None:
+            return self.vocab_size
+        return self.decoder_vocab_size
+
     def __post_init__(self, **kwargs: Any) -> None:
+        if self.decoder_vocab_size is None:
+            self.decoder_vocab_size = self.vocab_size
         self._check_values()
         super().__post_init__(**kwargs)
 
@@ -203,10 +230,29 @@ class VanillaTransformerConfig(PreTrainedConfig):
             raise ValueError(f"`layer_norm_eps` must be positive, got {self.layer_norm_eps!r}.")
         if self.init_std is not None and self.init_std <= 0:
             raise ValueError(f"`init_std` must be positive or None, got {self.init_std!r}.")
-        for field in ("pad_token_id", "bos_token_id", "decoder_start_token_id"):
+        for field in ("add_final_logits_bias", "share_encoder_decoder_embeddings"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"`{field}` must be True or False, got {getattr(self, field)!r}.")
+        decoder_vocab_size = self.decoder_vocab_size
+        if decoder_vocab_size is not None and (
+            isinstance(decoder_vocab_size, bool) or not isinstance(decoder_vocab_size, int) or decoder_vocab_size <= 0
+        ):
+            raise ValueError(f"`decoder_vocab_size` must be a positive integer or None, got {decoder_vocab_size!r}.")
+        if self.share_encoder_decoder_embeddings and decoder_vocab_size not in (None, self.vocab_size):
+            raise ValueError(
+                f"`decoder_vocab_size` ({decoder_vocab_size}) differs from `vocab_size` ({self.vocab_size}) but "
+                "`share_encoder_decoder_embeddings` is True: one shared matrix has one size. Set "
+                "`share_encoder_decoder_embeddings=False` for separate source and target vocabularies, or leave "
+                "`decoder_vocab_size` unset."
+            )
+        target = self.target_vocab_size
+        limits = {"pad_token_id": min(self.vocab_size, target), "bos_token_id": self.vocab_size}
+        limits["decoder_start_token_id"] = target
+        for field, limit in limits.items():
             value = getattr(self, field)
-            if value is not None and not 0 <= value < self.vocab_size:
-                raise ValueError(f"`{field}` must be in [0, vocab_size={self.vocab_size}), got {value}.")
+            if value is not None and not 0 <= value < limit:
+                sizes = f"vocab_size={self.vocab_size}, target vocabulary {target}"
+                raise ValueError(f"`{field}` must be in [0, {limit}) ({sizes}), got {value}.")
 
 
 __all__ = ["PRESETS", "SIZE_FIELDS", "VanillaTransformerConfig"]

@@ -177,14 +177,18 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+        if getattr(module, "final_logits_bias", None) is not None:
+            init.zeros_(module.final_logits_bias)
 
 
 class TransformerStack(VanillaTransformerPreTrainedModel):
     """What the encoder and decoder stacks share: the input representation (§3.4, §3.5) and N identical layers."""
 
-    def __init__(self, config: VanillaTransformerConfig, layer_class: type[nn.Module], num_layers: int):
+    def __init__(
+        self, config: VanillaTransformerConfig, layer_class: type[nn.Module], num_layers: int, vocab_size: int
+    ):
         super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.embed_tokens = nn.Embedding(vocab_size, config.d_model, config.pad_token_id)
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_positions = SinusoidalPositionalEncoding(config.d_model)
         self.dropout = config.dropout
@@ -211,7 +215,7 @@ class VanillaTransformerEncoder(TransformerStack):
     }
 
     def __init__(self, config: VanillaTransformerConfig):
-        super().__init__(config, EncoderLayer, config.encoder_layers)
+        super().__init__(config, EncoderLayer, config.encoder_layers, config.vocab_size)
 
     @merge_with_config_defaults
     @capture_outputs
@@ -256,7 +260,7 @@ class VanillaTransformerDecoder(TransformerStack):
     }
 
     def __init__(self, config: VanillaTransformerConfig):
-        super().__init__(config, DecoderLayer, config.decoder_layers)
+        super().__init__(config, DecoderLayer, config.decoder_layers, config.target_vocab_size)
         self.set_cpu_weight_packing(config.cpu_weight_packing)
 
     @merge_with_config_defaults
@@ -283,7 +287,7 @@ class VanillaTransformerDecoder(TransformerStack):
         if encoder_hidden_states is None:
             raise ValueError("The decoder needs `encoder_hidden_states` to attend to (§3.2.3).")
         if inputs_embeds is None:
-            _check_token_ids("decoder_input_ids", input_ids, self.config.vocab_size)
+            _check_token_ids("decoder_input_ids", input_ids, self.embed_tokens.num_embeddings)
             inputs_embeds = self.embed_tokens(input_ids)
         batch_size, tgt_len = inputs_embeds.shape[:2]
 
@@ -342,24 +346,35 @@ class VanillaTransformerDecoder(TransformerStack):
 
 
 class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
-    """The encoder-decoder (Figure 1) with one embedding matrix, `shared`, for source and target tokens (§3.4)."""
+    """The encoder-decoder (Figure 1) with one embedding matrix, `shared`, for source and target tokens (§3.4).
+
+    With `config.share_encoder_decoder_embeddings=False` there is no `shared`: the encoder and the decoder keep
+    embedding matrices of their own (sizes `vocab_size` and `decoder_vocab_size`), Marian's layout for separate
+    vocabularies.
+    """
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
-        self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-        if config.tie_word_embeddings:
-            self._tied_weights_keys = {
-                "encoder.embed_tokens.weight": "shared.weight",
-                "decoder.embed_tokens.weight": "shared.weight",
-            }
+        if config.share_encoder_decoder_embeddings:
+            self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+            if config.tie_word_embeddings:
+                self._tied_weights_keys = {
+                    "encoder.embed_tokens.weight": "shared.weight",
+                    "decoder.embed_tokens.weight": "shared.weight",
+                }
         self.encoder = VanillaTransformerEncoder(config)
         self.decoder = VanillaTransformerDecoder(config)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
-        return self.shared
+        if self.config.share_encoder_decoder_embeddings:
+            return self.shared
+        return self.encoder.embed_tokens
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
+        if not self.config.share_encoder_decoder_embeddings:  # the source side only, as Marian does
+            self.encoder.embed_tokens = value
+            return
         self.shared = value
         if self.config.tie_word_embeddings:
             self.encoder.embed_tokens = value
@@ -430,9 +445,15 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
-        self.lm_head = Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.d_model, config.target_vocab_size, bias=False)
         if config.tie_word_embeddings:
-            self._tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+            source = "shared" if config.share_encoder_decoder_embeddings else "decoder.embed_tokens"
+            self._tied_weights_keys = {"lm_head.weight": f"model.{source}.weight"}
+        if config.add_final_logits_bias:
+            # Deviation from paper: Marian adds a trained bias to the logits (opt-in, for imported checkpoints).
+            self.register_buffer("final_logits_bias", torch.zeros(1, config.target_vocab_size))  # (1, vocab)
+        else:
+            self.final_logits_bias = None
         self.post_init()
         self.set_cpu_weight_packing(config.cpu_weight_packing)
 
@@ -485,7 +506,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         `label_smoothing` is ε of §5.4 (`TranslationTrainer` passes the Trainer's `label_smoothing_factor`)."""
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         if labels is not None:
-            _check_token_ids("labels", labels, self.config.vocab_size, allow_ignore=True)
+            _check_token_ids("labels", labels, self.config.target_vocab_size, allow_ignore=True)
             source = input_ids if input_ids is not None else inputs_embeds
             if (
                 isinstance(source, torch.Tensor)
@@ -514,6 +535,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             **kwargs,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # (batch, tgt_len, vocab)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias.to(logits.dtype)
         loss = None
         if labels is not None:
             if labels.shape != logits.shape[:2]:

@@ -93,6 +93,7 @@ class DecoderStep(nn.Module):
         super().__init__()
         self.decoder = model.model.decoder
         self.lm_head = model.lm_head
+        self.final_logits_bias = getattr(model, "final_logits_bias", None)  # (1, vocab) with add_final_logits_bias
         self.num_layers = model.config.decoder_layers
 
     def forward(
@@ -114,6 +115,8 @@ class DecoderStep(nn.Module):
             return_dict=True,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # (batch, tgt_len, vocab)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias
         presents = []
         for i in range(self.num_layers):
             layer = outputs.cache.self_attention_cache.layers[i]
@@ -130,7 +133,7 @@ def _sample_inputs(config, dtype: torch.dtype = torch.float32) -> tuple[tuple, t
     input_ids = torch.randint(4, config.vocab_size, (batch, src_len), generator=generator)
     mask = torch.ones(batch, src_len, dtype=torch.int64)
     mask[1, -2:] = 0
-    decoder_ids = torch.randint(4, config.vocab_size, (batch, tgt_len), generator=generator)
+    decoder_ids = torch.randint(4, config.target_vocab_size, (batch, tgt_len), generator=generator)
     cache = []
     for _ in range(config.decoder_layers):
         cache += [torch.randn(batch, heads, past_len, d_head, generator=generator, dtype=dtype) for _ in range(2)]
@@ -401,10 +404,16 @@ def _graph_io(path: Path) -> dict:
 
 
 def copy_tokenizer(tokenizer_dir: Path, output_dir: Path) -> None:
-    """Copy `tokenizer.json` (required) and its side files; raises ValueError when there is no tokenizer."""
+    """Copy `tokenizer.json` and its side files, or Marian's sentencepiece files (a model converted from Marian);
+    raises ValueError when there is no tokenizer."""
+    from vanilla_transformer_ort.marian_tokenizer import MARIAN_TOKENIZER_FILES, is_marian_tokenizer_folder
+
+    names = TOKENIZER_FILES
     if not (tokenizer_dir / "tokenizer.json").is_file():
-        raise ValueError(f"No tokenizer.json in {tokenizer_dir}: the export folder needs the tokenizer to run.")
-    for name in TOKENIZER_FILES:
+        if not is_marian_tokenizer_folder(tokenizer_dir):
+            raise ValueError(f"No tokenizer.json in {tokenizer_dir}: the export folder needs the tokenizer to run.")
+        names = MARIAN_TOKENIZER_FILES + ("special_tokens_map.json",)
+    for name in names:
         if (tokenizer_dir / name).is_file():
             shutil.copy2(tokenizer_dir / name, output_dir / name)
 

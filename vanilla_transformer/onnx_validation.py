@@ -76,7 +76,10 @@ def _reference(model: nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, n
         for layer in cache.self_attention_cache.layers:
             past += [layer.keys.numpy().copy(), layer.values.numpy().copy()]
     outputs = model.model.decoder(input_ids=inputs["new_ids"], cache=cache, **decoder_kwargs)
-    result = {"last_hidden_state": encoder_states.numpy(), "logits": model.lm_head(outputs.last_hidden_state).numpy()}
+    logits = model.lm_head(outputs.last_hidden_state)  # (batch, tgt_len, vocab)
+    if getattr(model, "final_logits_bias", None) is not None:
+        logits = logits + model.final_logits_bias
+    result = {"last_hidden_state": encoder_states.numpy(), "logits": logits.numpy()}
     for i in range(config.decoder_layers):
         cross = outputs.cache.cross_attention_cache.layers[i]
         own = outputs.cache.self_attention_cache.layers[i]
@@ -132,7 +135,8 @@ def validate_export(model: nn.Module, output_dir: str | os.PathLike, grid: list[
     decoder = create_session(output_dir / DECODER_FILE, options, ["CPUExecutionProvider"])
     summary = {"encoder": 0.0, "logits": 0.0, "present": 0.0, "cases": []}
     for seed, case in enumerate(grid):
-        inputs = _case_inputs(case, config.vocab_size, seed)
+        # ids valid on both sides (the source and target vocabularies may differ in size)
+        inputs = _case_inputs(case, min(config.vocab_size, config.target_vocab_size), seed)
         reference = _reference(model, inputs)
         actual = _run_onnx(encoder, decoder, config, inputs, reference)
         row = {"encoder": 0.0, "logits": 0.0, "present": 0.0}

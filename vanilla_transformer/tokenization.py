@@ -89,11 +89,16 @@ def wrap_tokenizer(backend: Tokenizer, model_max_length: int = 1024) -> PreTrain
 
 
 def check_special_token_ids(tokenizer: PreTrainedTokenizerFast, config) -> None:
-    """Raise if the tokenizer's special ids differ from the model config's `pad/eos/decoder_start` ids."""
+    """Raise if the tokenizer's special ids differ from the model config's `pad/eos/decoder_start` ids.
+
+    The decoder starts from `<s>`; a tokenizer without one (Marian's) starts it from `<pad>`, as Marian does."""
+    start, start_name = tokenizer.bos_token_id, "decoder_start_token_id (= bos)"
+    if start is None:
+        start, start_name = tokenizer.pad_token_id, "decoder_start_token_id (= pad: the tokenizer has no bos)"
     pairs = {
         "pad_token_id": (tokenizer.pad_token_id, getattr(config, "pad_token_id", None)),
         "eos_token_id": (tokenizer.eos_token_id, getattr(config, "eos_token_id", None)),
-        "decoder_start_token_id (= bos)": (tokenizer.bos_token_id, getattr(config, "decoder_start_token_id", None)),
+        start_name: (start, getattr(config, "decoder_start_token_id", None)),
     }
     wrong = {name: ids for name, ids in pairs.items() if ids[0] != ids[1]}
     if wrong:

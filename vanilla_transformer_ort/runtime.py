@@ -1,5 +1,8 @@
 """`OrtTranslator`: load an exported folder with onnxruntime and translate (numpy + tokenizers only, no torch).
 
+Folders converted from Marian carry Marian's sentencepiece tokenizer instead of `tokenizer.json`; they need the
+`sentencepiece` package (see `marian_tokenizer.py`).
+
 Graph names and shapes: export/README.md. The encoder runs once per batch and hands every decoder layer's
 cross-attention K/V to the decoder; the decoder graph runs once per generated token.
 """
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .marian_tokenizer import MarianSentencePieceTokenizer, is_marian_tokenizer_folder
 from .search import DecoderState, GenerationSettings, beam_search, greedy_search
 
 logger = logging.getLogger(__name__)
@@ -35,7 +39,6 @@ UNSUPPORTED_GENERATION = {
     "repetition_penalty": 1.0,
     "no_repeat_ngram_size": 0,
     "encoder_no_repeat_ngram_size": 0,
-    "bad_words_ids": None,
     "suppress_tokens": None,
     "begin_suppress_tokens": None,
     "forced_bos_token_id": None,
@@ -136,6 +139,13 @@ def settings_from_folder(folder: Path) -> GenerationSettings:
 
     eos = pick("eos_token_id")
     eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    bad_words = generation.get("bad_words_ids") or []
+    if any(len(sequence) != 1 for sequence in bad_words):
+        raise ValueError(
+            f"generation_config.json sets bad_words_ids={bad_words!r}; this runtime bans single tokens only"
+        )
+    # transformers drops a banned word that is exactly an EOS token (NoBadWordsLogitsProcessor)
+    banned = [sequence[0] for sequence in bad_words if sequence[0] not in eos_ids]
     start = pick("decoder_start_token_id", pick("bos_token_id"))
     if start is None:
         raise ValueError(f"{folder}: no decoder_start_token_id in config.json or generation_config.json")
@@ -151,6 +161,30 @@ def settings_from_folder(folder: Path) -> GenerationSettings:
         length_penalty=generation.get("length_penalty", 1.0),
         early_stopping=generation.get("early_stopping", False),
         forced_eos_token_id=generation.get("forced_eos_token_id"),
+        banned_token_ids=banned,
+        renormalize_logits=bool(generation.get("renormalize_logits", False)),
+    )
+
+
+def target_vocab_size(config: dict) -> int:
+    """Rows of the logits: the decoder's vocabulary (`decoder_vocab_size` when the embeddings are not shared)."""
+    if config.get("share_encoder_decoder_embeddings", True) or not config.get("decoder_vocab_size"):
+        return config["vocab_size"]
+    return config["decoder_vocab_size"]
+
+
+def load_tokenizer(folder: Path):
+    """`tokenizer.json` with the `tokenizers` package, or Marian's sentencepiece files (source.spm, target.spm,
+    vocab.json); both offer `encode_batch` and `decode_batch`."""
+    if (folder / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(folder / "tokenizer.json"))
+    if is_marian_tokenizer_folder(folder):
+        return MarianSentencePieceTokenizer(folder)
+    raise ValueError(
+        f"Export folder {folder} has no tokenizer.json (nor Marian's source.spm, target.spm, vocab.json); "
+        "re-run export/export_onnx.py"
     )
 
 
@@ -335,7 +369,8 @@ class OrtTranslator:
     """Translate with an exported folder (see `vanilla_transformer.onnx_export.export_model`) on onnxruntime.
 
     Args:
-        folder: export folder with `encoder_model.onnx`, `decoder_model.onnx`, `config.json`, `tokenizer.json`.
+        folder: export folder with `encoder_model.onnx`, `decoder_model.onnx`, `config.json` and `tokenizer.json`
+            (or Marian's `source.spm`, `target.spm`, `vocab.json`).
         provider: "auto" (CUDA when onnxruntime-gpu and a GPU are present, else CPU), "cpu" or "cuda".
         intra_op_num_threads: threads per operator; set it explicitly on shared machines.
         use_io_binding: keep the KV cache in onnxruntime values between steps; defaults to True on CUDA.
@@ -355,14 +390,13 @@ class OrtTranslator:
         session_config: dict[str, str] | None = None,
         disabled_optimizers: Sequence[str] | None = None,
     ):
-        from tokenizers import Tokenizer
-
         self.folder = Path(folder)
         if not self.folder.is_dir():
             raise ValueError(f"Export folder {self.folder} does not exist")
-        for name in (ENCODER_FILE, DECODER_FILE, "config.json", "tokenizer.json"):
+        for name in (ENCODER_FILE, DECODER_FILE, "config.json"):
             if not (self.folder / name).is_file():
                 raise ValueError(f"Export folder {self.folder} has no {name}; re-run export/export_onnx.py")
+        self.tokenizer = load_tokenizer(self.folder)
         requested = resolve_provider(provider)
         options = session_options(intra_op_num_threads, enable_cpu_mem_arena, session_config)
         providers = [requested] if requested == PROVIDERS["cpu"] else [requested, PROVIDERS["cpu"]]
@@ -381,7 +415,6 @@ class OrtTranslator:
             logger.warning("Requested %s, onnxruntime uses %s", requested, self.provider)
         self.device = "cuda" if self.provider == PROVIDERS["cuda"] else "cpu"
         self.use_io_binding = self.device == "cuda" if use_io_binding is None else use_io_binding
-        self.tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
         self.settings = settings_from_folder(self.folder)
         self.config = json.loads((self.folder / "config.json").read_text())
         self.num_layers = self.config["decoder_layers"]
@@ -446,7 +479,7 @@ class OrtTranslator:
         past = {
             f"past_key_values.{i}.decoder.{kind}": empty for i in range(self.num_layers) for kind in ("key", "value")
         }
-        vocab_size = self.config["vocab_size"]
+        vocab_size = target_vocab_size(self.config)
         if self.use_io_binding:
             return _BoundState(
                 self.decoder, cross, mask, past, self.device, vocab_size, self.reorder, self.beam_scores

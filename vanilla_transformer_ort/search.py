@@ -47,7 +47,9 @@ class GenerationSettings:
 
     `max_new_tokens` counts generated tokens (EOS included); `min_new_tokens` bans EOS before that many;
     `length_penalty` divides a finished beam's summed log-probabilities by generated_length ** length_penalty;
-    `early_stopping` is True, False or "never" exactly as in transformers.
+    `early_stopping` is True, False or "never" exactly as in transformers; `banned_token_ids` are never generated
+    (transformers' `bad_words_ids` of one token each, e.g. Marian's pad); `renormalize_logits` applies log-softmax
+    again after these changes, as transformers' `renormalize_logits=True` does.
     """
 
     decoder_start_token_id: int
@@ -59,6 +61,8 @@ class GenerationSettings:
     length_penalty: float = 1.0
     early_stopping: bool | str = False
     forced_eos_token_id: int | None = None
+    banned_token_ids: list[int] = field(default_factory=list)
+    renormalize_logits: bool = False
 
     def validate(self) -> None:
         if self.max_new_tokens < 1:
@@ -78,13 +82,18 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def process_scores(scores: np.ndarray, cur_len: int, settings: GenerationSettings) -> np.ndarray:
-    """transformers' min-length and forced-EOS processors, in place; `cur_len` counts the decoder start token."""
+    """transformers' bad-words (single tokens), min-length, forced-EOS and renormalization processors, in that
+    order, in place; `cur_len` counts the decoder start token."""
     max_length = settings.max_new_tokens + 1
+    if settings.banned_token_ids:
+        scores[:, settings.banned_token_ids] = -np.inf
     if settings.eos_token_ids and cur_len < settings.min_new_tokens + 1:
         scores[:, settings.eos_token_ids] = -np.inf
     if settings.forced_eos_token_id is not None and cur_len == max_length - 1:
         scores = np.full_like(scores, -np.inf)
         scores[:, settings.forced_eos_token_id] = 0
+    if settings.renormalize_logits:
+        scores = log_softmax(scores)
     return scores
 
 
@@ -92,10 +101,15 @@ def score_bias(cur_len: int, settings: GenerationSettings, vocab_size: int) -> n
     """`process_scores` as an additive (vocab,) float32 bias, 0 or -inf, or None where it is not one (forced EOS).
 
     Adding -inf equals setting -inf, and adding 0 changes nothing, so `scores + bias == process_scores(scores)`.
+    Renormalization is not additive either (None).
     """
+    if settings.renormalize_logits:
+        return None
     if settings.forced_eos_token_id is not None and cur_len == settings.max_new_tokens:
         return None
     bias = np.zeros(vocab_size, dtype=np.float32)
+    if settings.banned_token_ids:
+        bias[settings.banned_token_ids] = -np.inf
     if settings.eos_token_ids and cur_len < settings.min_new_tokens + 1:
         bias[settings.eos_token_ids] = -np.inf
     return bias
