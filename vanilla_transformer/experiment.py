@@ -279,10 +279,10 @@ def run_training(
     files' own names would not say what it is. Returns the final metrics (test_bleu, test_chrf, ...) that are also
     written to `<output_dir>/all_results.json`.
     """
+    tokenizer = load_tokenizer(data_args, model_args)
     check_run_arguments(training_args, model_args)
     parse_config_overrides(model_args.config_overrides)  # fail on a typo now, not after loading the data
     resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
-    tokenizer = load_tokenizer(data_args, model_args)
     raw = load_parallel_data(data_args)
     tokenized = {}
     for split, part in raw.items():
