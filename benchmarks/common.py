@@ -8,6 +8,7 @@ child process measuring one inference path loads only that path's libraries.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
@@ -97,6 +98,19 @@ def run_interleaved(
 
 # --------------------------------------------------------------------------------------------------------------------
 # Machine: threads, load, matmul peak
+
+
+def generation_arguments(description: str, rounds: int, name: str) -> argparse.ArgumentParser:
+    """The command line shared by the generation-speed benchmarks (rows, systems, rounds, threads, work folder)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=rounds, help="timed rounds per system and row")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    parser.add_argument("--threads", type=int, default=THREADS)
+    parser.add_argument("--systems", nargs="*", default=None, help="subset of systems (Marian is always run)")
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
+    parser.add_argument("--name", default=name, help="results file name under benchmarks/results/")
+    parser.add_argument("--quiet", action="store_true")
+    return parser
 
 
 def pin_threads(threads: int = THREADS) -> None:
@@ -239,15 +253,16 @@ def build_vanilla(dims: Dims = BASE, seed: int = SEED):
     return VanillaTransformerForConditionalGeneration(vanilla_config(dims))
 
 
-def marian_config(dims: Dims = BASE):
-    """transformers' Marian with our dimensions: ReLU, one shared embedding, √d_model scaling, dropout 0.1 on the
-    sub-layer outputs only (as the paper and our base preset)."""
+def marian_config(dims: Dims = BASE, activation_function: str = "relu"):
+    """transformers' Marian with our dimensions: ReLU (OPUS-MT checkpoints use swish), one shared embedding,
+    √d_model scaling, dropout 0.1 on the sub-layer outputs only (as the paper and our base preset); the decoder
+    starts from the pad token, the last id."""
     from transformers import MarianConfig
 
     return MarianConfig(
         **config_dims(dims),
         decoder_vocab_size=dims.vocab_size,
-        activation_function="relu",
+        activation_function=activation_function,
         share_encoder_decoder_embeddings=True,
         scale_embedding=True,
         max_position_embeddings=512,

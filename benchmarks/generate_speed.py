@@ -9,7 +9,6 @@ greedy search and beam 4, at batch 1 and 16. Systems are timed interleaved, roun
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Callable
@@ -156,15 +155,8 @@ def load_systems(paths: dict[str, Path], threads: int, only: list[str] | None = 
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=7, help="timed rounds per system and row")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
-    parser.add_argument("--threads", type=int, default=common.THREADS)
+    parser = common.generation_arguments(__doc__, rounds=7, name="generate_speed")
     parser.add_argument("--rows", nargs="*", choices=list(ROWS), default=list(ROWS))
-    parser.add_argument("--systems", nargs="*", default=None, help="subset of systems (Marian is always run)")
-    parser.add_argument("--workdir", type=Path, default=common.DEFAULT_WORKDIR)
-    parser.add_argument("--name", default="generate_speed", help="results file name under benchmarks/results/")
-    parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
 
     common.pin_threads(args.threads)

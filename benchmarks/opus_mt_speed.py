@@ -12,7 +12,6 @@ exactly 32 new tokens, greedy and beam 4 at batch 1 and 16, systems interleaved 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -35,24 +34,8 @@ REFERENCE = "transformers Marian"
 
 
 def opus_marian_config():
-    from transformers import MarianConfig
-
-    pad = OPUS_VOCAB_SIZE - 1
-    return MarianConfig(
-        **common.config_dims(OPUS),
-        decoder_vocab_size=OPUS_VOCAB_SIZE,
-        activation_function="swish",
-        share_encoder_decoder_embeddings=True,
-        scale_embedding=True,
-        max_position_embeddings=512,
-        dropout=0.1,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        pad_token_id=pad,
-        eos_token_id=common.MARIAN_EOS,
-        decoder_start_token_id=pad,
-        forced_eos_token_id=None,
-    )
+    """Marian's config of an OPUS-MT en-de checkpoint: base dimensions, a 58,101-word vocabulary, swish."""
+    return common.marian_config(OPUS, activation_function="swish")
 
 
 def prepare(workdir: Path, log=print) -> dict[str, Path]:
@@ -122,15 +105,8 @@ def load_systems(paths: dict[str, Path], threads: int, only: list[str] | None = 
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per system and row")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
-    parser.add_argument("--threads", type=int, default=common.THREADS)
+    parser = common.generation_arguments(__doc__, rounds=5, name="opus_mt_speed")
     parser.add_argument("--rows", nargs="*", choices=list(ROWS), default=list(ROWS))
-    parser.add_argument("--systems", nargs="*", default=None, help="subset of systems (Marian is always run)")
-    parser.add_argument("--workdir", type=Path, default=common.DEFAULT_WORKDIR)
-    parser.add_argument("--name", default="opus_mt_speed", help="results file name under benchmarks/results/")
-    parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
 
     common.pin_threads(args.threads)
