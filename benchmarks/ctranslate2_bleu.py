@@ -5,7 +5,9 @@
 Exports the folder with `vanilla_transformer.ctranslate2_export` (float32 and int8 weights, into `--work-dir`),
 translates the TSV's first column with each (beam and length penalty from the model's generation_config.json, as
 `generate()` would use them, unless given), and scores the second column with sacreBLEU. Passes when int8 is within
-`--max-drop` BLEU (default 0.5) of fp32. Results go to `benchmarks/results/ctranslate2_bleu.json`.
+`--max-drop` BLEU (default 0.5) of fp32. `--compare-generate` also translates with the model's own `generate()`
+(same beam, length penalty and length limit) and reports how many fp32 translations are identical to it. Results go to
+`benchmarks/results/ctranslate2_bleu.json`.
 """
 
 from __future__ import annotations
@@ -60,6 +62,17 @@ def translate(folder: Path, sources: list[str], options: dict, threads: int, bat
     return hypotheses
 
 
+def generate_texts(model_dir: Path, sources: list[str], options: dict, batch_size: int) -> list[str]:
+    """The same sources through PyTorch `generate()`: max_length counts the decoder start token, hence + 1."""
+    from vanilla_transformer.inference import load_translation_model, translate
+
+    model, tokenizer = load_translation_model(model_dir, device="cpu")
+    return translate(
+        model, tokenizer, sources, batch_size=batch_size, num_beams=options["num_beams"],
+        length_penalty=options["length_penalty"], max_length=options["max_new_tokens"] + 1, show_progress=False,
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True, help="trained save_pretrained folder with tokenizer.json")
@@ -72,6 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=common.THREADS)
     parser.add_argument("--max-drop", type=float, default=0.5, help="int8 may lose at most this much BLEU")
+    parser.add_argument("--compare-generate", action="store_true", help="count fp32 outputs equal to generate()'s")
     parser.add_argument("--name", default="ctranslate2_bleu", help="results file name under benchmarks/results/")
     args = parser.parse_args(argv)
 
@@ -85,17 +99,22 @@ def main(argv: list[str] | None = None) -> dict:
             options[key] = getattr(args, key)
     sources, references = read_tsv(args.eval_tsv, args.eval_limit)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="ct2-bleu-"))
-    scores, seconds = {}, {}
+    scores, seconds, outputs = {}, {}, {}
     for name, quantization in VARIANTS.items():
         folder = export_ctranslate2(args.model, work / name, quantization=quantization, force=True)
         start = time.perf_counter()
-        hypotheses = translate(folder, sources, options, args.threads, args.batch_size)
+        hypotheses = outputs[name] = translate(folder, sources, options, args.threads, args.batch_size)
         seconds[name] = time.perf_counter() - start
         scores[name] = sacrebleu.corpus_bleu(hypotheses, [references]).score
         print(f"BLEU {name:5s} {scores[name]:6.2f}  ({len(sources)} sentences, {seconds[name]:.1f} s, {options})")
     drop = scores["fp32"] - scores["int8"]
     passed = drop <= args.max_drop
     print(f"int8 - fp32 = {-drop:+.2f} BLEU: {'within' if passed else 'NOT within'} {args.max_drop} of fp32")
+    identical = None
+    if args.compare_generate:
+        reference = generate_texts(args.model, sources, options, args.batch_size)
+        identical = sum(a.strip() == b.strip() for a, b in zip(outputs["fp32"], reference, strict=True))
+        print(f"fp32 translations identical to generate(): {identical} of {len(sources)}")
     return common.save_results(
         args.name,
         "ctranslate2_bleu",
@@ -106,6 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
         seconds=seconds,
         int8_drop=drop,
         passed=passed,
+        identical_to_generate=identical,
     )
 
 
