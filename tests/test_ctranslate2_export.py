@@ -239,6 +239,10 @@ def test_script(tmp_path):
     assert again.returncode == 1 and "already exists" in again.stderr
 
 
+DIMENSIONS = ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
+              "encoder_ffn_dim", "decoder_ffn_dim")  # fmt: skip
+
+
 def test_model_imported_from_marian(tmp_path):
     """An OPUS-MT-shaped Marian (swish, final_logits_bias, decoder starting from pad, EOS 0), imported with
     `convert.from_marian`, exported with Marian's vocab.json: CTranslate2 decodes as MarianMTModel does."""
@@ -253,13 +257,7 @@ def test_model_imported_from_marian(tmp_path):
         MarianConfig(
             vocab_size=len(vocab),
             decoder_vocab_size=len(vocab),
-            d_model=32,
-            encoder_layers=2,
-            decoder_layers=3,
-            encoder_attention_heads=4,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=48,
-            decoder_ffn_dim=40,
+            **{name: CONFIG[name] for name in DIMENSIONS},  # the ONNX tests' unequal sizes
             activation_function="swish",
             max_position_embeddings=64,
             scale_embedding=True,
