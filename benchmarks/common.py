@@ -364,7 +364,7 @@ def convert_ct2(marian_dir: Path, output_dir: Path, quantization: str) -> None:
 
 def vanilla_ct2(model_dir: Path, quantization: str) -> Path:
     """This package's own CTranslate2 export of `model_dir`, made once next to it: `<model_dir>-ct2-<quantization>`."""
-    from vanilla_transformer.ctranslate2_export import export_ctranslate2
+    from vanilla_transformer.export.ctranslate2_export import export_ctranslate2
 
     output = model_dir.parent / f"{model_dir.name}-ct2-{quantization}"
     if not (output / "model.bin").exists():
@@ -377,14 +377,15 @@ def onnx_available() -> bool:
     """True once this branch has the ONNX export and the onnxruntime translator."""
     try:
         import vanilla_transformer_ort  # noqa: F401
-        from vanilla_transformer import onnx_export  # noqa: F401
+
+        from vanilla_transformer.export import onnx_export  # noqa: F401
     except ImportError:
         return False
     return True
 
 
 def export_onnx(model_dir: Path, output_dir: Path, quantization: str) -> None:
-    from vanilla_transformer.onnx_export import export_model
+    from vanilla_transformer.export.onnx_export import export_model
 
     export_model(model_dir, output_dir, quantize=None if quantization == "fp32" else quantization)
 

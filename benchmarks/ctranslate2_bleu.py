@@ -2,7 +2,7 @@
 
     python -m benchmarks.ctranslate2_bleu --model runs/demo --eval-tsv ../shared/data/gettext-en-de/test.tsv
 
-Exports the folder with `vanilla_transformer.ctranslate2_export` (float32 and int8 weights, into `--work-dir`),
+Exports the folder with `vanilla_transformer.export.ctranslate2_export` (float32 and int8 weights, into `--work-dir`),
 translates the TSV's first column with each (beam and length penalty from the model's generation_config.json, as
 `generate()` would use them, unless given), and scores the second column with sacreBLEU. Passes when int8 is within
 `--max-drop` BLEU (default 0.5) of fp32. `--compare-generate` also translates with the model's own `generate()`
@@ -48,7 +48,7 @@ def translate(folder: Path, sources: list[str], options: dict, threads: int, bat
     import ctranslate2
     from tokenizers import Tokenizer
 
-    from vanilla_transformer.ctranslate2_export import generation_options
+    from vanilla_transformer.export.ctranslate2_export import generation_options
 
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=threads)
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import sacrebleu
 
-    from vanilla_transformer.ctranslate2_export import export_ctranslate2
+    from vanilla_transformer.export.ctranslate2_export import export_ctranslate2
 
     options = generation_defaults(args.model)
     for key in options:

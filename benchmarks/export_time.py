@@ -29,7 +29,7 @@ def child(system: str, workdir: Path) -> dict:
 
         convert = lambda out: common.convert_ct2(workdir / "marian", out, quantization)  # noqa: E731
     else:
-        import vanilla_transformer.onnx_export  # noqa: F401
+        import vanilla_transformer.export.onnx_export  # noqa: F401
 
         convert = lambda out: common.export_onnx(workdir / "vanilla", out, quantization)  # noqa: E731
     imports_s = time.perf_counter() - start

@@ -26,12 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from vanilla_transformer_ort import OrtTranslator  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from benchmarks.onnx_speed import agreement, random_model, source_batch  # noqa: E402
 from vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
-from vanilla_transformer.onnx_export import export_model  # noqa: E402
-from vanilla_transformer_ort import OrtTranslator  # noqa: E402
+from vanilla_transformer.export.onnx_export import export_model  # noqa: E402
 
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 

@@ -30,12 +30,12 @@ import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
+from vanilla_transformer_ort import OrtTranslator  # noqa: E402
+from vanilla_transformer_ort.runtime import session_options  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
-from vanilla_transformer.onnx_export import export_model  # noqa: E402
-from vanilla_transformer_ort import OrtTranslator  # noqa: E402
-from vanilla_transformer_ort.runtime import session_options  # noqa: E402
+from vanilla_transformer.export.onnx_export import export_model  # noqa: E402
 
 CASES = [("greedy", 1, 1), ("beam 4", 4, 16)]  # (name, num_beams, batch)
 TARGETS = {"fp32": 2.0, "int8": 4.0}

@@ -29,11 +29,11 @@ from transformers import MarianConfig, MarianMTModel, Seq2SeqTrainingArguments  
 from transformers.utils import logging  # noqa: E402
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
-from vanilla_transformer.data import DataArguments, load_parallel_data, tokenize_parallel  # noqa: E402
-from vanilla_transformer.experiment import build_trainer, parse_config_overrides, set_generation_defaults  # noqa: E402
 from vanilla_transformer.inference import evaluate_translations  # noqa: E402
-from vanilla_transformer.tokenization import train_bpe_tokenizer  # noqa: E402
-from vanilla_transformer.training import RecipeArguments, apply_paper_recipe  # noqa: E402
+from vanilla_transformer.training.data import DataArguments, load_parallel_data, tokenize_parallel  # noqa: E402
+from vanilla_transformer.training.experiment import build_trainer, parse_config_overrides, set_generation_defaults  # noqa: E402
+from vanilla_transformer.training.recipe import RecipeArguments, apply_paper_recipe  # noqa: E402
+from vanilla_transformer.training.tokenization import train_bpe_tokenizer  # noqa: E402
 
 
 def build(kind: str, config: VanillaTransformerConfig, seed: int):

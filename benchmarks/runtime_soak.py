@@ -30,9 +30,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import numpy as np  # noqa: E402
+from vanilla_transformer_ort import OrtTranslator  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from vanilla_transformer_ort import OrtTranslator  # noqa: E402
 
 TARGET_GROWTH = 0.05
 BATCHES, BEAMS = (1, 2, 4, 8, 16), (1, 2, 4)
@@ -59,7 +59,7 @@ def settled_rss_mib() -> float:
 def prepare(folder: Path) -> None:
     """A tiny random model with a word-level tokenizer, exported (fp32) to `folder` (runs in a child process)."""
     from benchmarks.onnx_speed import random_model
-    from vanilla_transformer.onnx_export import export_model
+    from vanilla_transformer.export.onnx_export import export_model
 
     model_dir = folder.parent / "model"
     random_model(model_dir, VOCAB_SIZE, preset="tiny")

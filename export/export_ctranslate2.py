@@ -3,7 +3,7 @@
     python export/export_ctranslate2.py --model runs/base --output ct2/base
     python export/export_ctranslate2.py --model runs/base --output ct2/base-int8 --quantization int8
 
-The logic lives in `vanilla_transformer.ctranslate2_export`; options, the length limit and measured speed are in
+The logic lives in `vanilla_transformer.export.ctranslate2_export`; options, the length limit and measured speed are in
 export/README.md ("CTranslate2").
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from vanilla_transformer.ctranslate2_export import QUANTIZATIONS, export_ctranslate2  # noqa: E402
+from vanilla_transformer.export.ctranslate2_export import QUANTIZATIONS, export_ctranslate2  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@
     python export/export_onnx.py --model runs/base --output onnx/base-int8 --quantize int8 --validate
     python export/export_onnx.py --model runs/base --output onnx/base-fp16 --dtype fp16
 
-The logic lives in `vanilla_transformer.onnx_export`; graphs, names and shapes are documented in export/README.md.
+The logic lives in `vanilla_transformer.export`; graphs, names and shapes are documented in export/README.md.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from vanilla_transformer.onnx_export import DEFAULT_OPSET, FP32_TOLERANCE, export_model  # noqa: E402
+from vanilla_transformer.export.onnx_export import DEFAULT_OPSET, FP32_TOLERANCE, export_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

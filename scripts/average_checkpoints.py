@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from vanilla_transformer.averaging import average_checkpoints, last_checkpoints
+from vanilla_transformer.training.averaging import average_checkpoints, last_checkpoints
 
 
 def main(argv: list[str] | None = None) -> Path:

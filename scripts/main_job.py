@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from transformers import HfArgumentParser
 from transformers.utils import logging
 
-from vanilla_transformer.main_job import MainJobArguments, run_main_job
+from vanilla_transformer.training.main_job import MainJobArguments, run_main_job
 
 
 def main(argv: list[str] | None = None) -> dict:

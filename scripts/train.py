@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
-from vanilla_transformer.data import DataArguments
-from vanilla_transformer.experiment import ModelArguments, run_training
-from vanilla_transformer.training import RecipeArguments, check_precision_flags, explicit_flags
+from vanilla_transformer.training.data import DataArguments
+from vanilla_transformer.training.experiment import ModelArguments, run_training
+from vanilla_transformer.training.recipe import RecipeArguments, check_precision_flags, explicit_flags
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from vanilla_transformer.data import read_text_file
 from vanilla_transformer.inference import load_translation_model, translate
+from vanilla_transformer.training.data import read_text_file
 
 
 def main(argv: list[str] | None = None) -> list[str]:

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from vanilla_transformer.attention import MultiHeadAttention, eager_attention_forward
+from vanilla_transformer.model.attention import MultiHeadAttention, eager_attention_forward
 
 from .conftest import make_config
 

@@ -7,7 +7,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
 from tests.training_fixtures import tiny_model
-from vanilla_transformer.averaging import average_checkpoints, last_checkpoints
+from vanilla_transformer.training.averaging import average_checkpoints, last_checkpoints
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_average_rejects_mismatched_checkpoints(run_dir, tmp_path, toy_tokenizer
 def test_final_weights_averaged_with_earlier_checkpoints(run_dir, toy_tokenizer_dir):
     from safetensors.torch import load_file
 
-    from vanilla_transformer.averaging import average_with_checkpoints
+    from vanilla_transformer.training.averaging import average_with_checkpoints
 
     tokenizer = AutoTokenizer.from_pretrained(toy_tokenizer_dir)
     model = tiny_model(tokenizer, seed=7)
@@ -76,7 +76,7 @@ def test_final_weights_averaged_with_earlier_checkpoints(run_dir, toy_tokenizer_
 
 
 def test_final_weights_with_too_few_checkpoints(run_dir, toy_tokenizer_dir, caplog):
-    from vanilla_transformer.averaging import average_with_checkpoints
+    from vanilla_transformer.training.averaging import average_with_checkpoints
 
     model = tiny_model(AutoTokenizer.from_pretrained(toy_tokenizer_dir), seed=7)
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}

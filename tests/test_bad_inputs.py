@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 import torch
 from huggingface_hub.errors import StrictDataclassFieldValidationError
+from vanilla_transformer_ort import OrtTranslator
 
 from tests.onnx_helpers import load_trained_model, trained_export_dir, trained_model_dir
 from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
 from vanilla_transformer import VanillaTransformerConfig
-from vanilla_transformer.data import read_parallel_file
-from vanilla_transformer.experiment import parse_config_overrides
-from vanilla_transformer.training import check_precision_flags, resolve_resume_checkpoint
-from vanilla_transformer_ort import OrtTranslator
+from vanilla_transformer.training.data import read_parallel_file
+from vanilla_transformer.training.experiment import parse_config_overrides
+from vanilla_transformer.training.recipe import check_precision_flags, resolve_resume_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 

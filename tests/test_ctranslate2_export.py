@@ -12,7 +12,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 
 from tests.onnx_helpers import CONFIG, SENTENCES, build_tokenizer, load_trained_model, trained_model_dir  # noqa: E402
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
-from vanilla_transformer.ctranslate2_export import (  # noqa: E402
+from vanilla_transformer.export.ctranslate2_export import (  # noqa: E402
     _fit_vocabulary,
     check_exportable,
     export_ctranslate2,
@@ -20,7 +20,7 @@ from vanilla_transformer.ctranslate2_export import (  # noqa: E402
     position_table,
     read_vocabulary,
 )
-from vanilla_transformer.embeddings import sinusoidal_positional_encoding  # noqa: E402
+from vanilla_transformer.model.embeddings import sinusoidal_positional_encoding  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # Sources longer than max_position_embeddings (12) are included: the table is not limited to it.

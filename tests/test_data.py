@@ -8,7 +8,7 @@ from transformers import AutoTokenizer
 
 from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
 from tests.training_fixtures import write_mo
-from vanilla_transformer.data import (
+from vanilla_transformer.training.data import (
     DataArguments,
     clean_pairs,
     gettext_corpus,

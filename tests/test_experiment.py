@@ -12,9 +12,9 @@ from transformers import AutoModelForSeq2SeqLM, HfArgumentParser, Seq2SeqTrainin
 
 from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
 from tests.training_fixtures import make_pairs
-from vanilla_transformer.data import DataArguments
-from vanilla_transformer.experiment import ModelArguments, run_training
-from vanilla_transformer.training import (
+from vanilla_transformer.training.data import DataArguments
+from vanilla_transformer.training.experiment import ModelArguments, run_training
+from vanilla_transformer.training.recipe import (
     NonFiniteLossError,
     RecipeArguments,
     TranslationTrainer,

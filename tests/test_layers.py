@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from vanilla_transformer.layers import DecoderLayer, EncoderLayer
+from vanilla_transformer.model.layers import DecoderLayer, EncoderLayer
 
 from .conftest import make_config
 
@@ -115,7 +115,7 @@ def test_dropout_active_only_in_training():
 @pytest.mark.parametrize("p", [0.1, 0.3])
 def test_dropout_zeroes_a_fraction_p_and_rescales_the_rest(p):
     """Against the definition (§5.4) and torch's own dropout: same keep rate, same scaling, same gradient rule."""
-    from vanilla_transformer.layers import dropout
+    from vanilla_transformer.model.layers import dropout
 
     torch.manual_seed(0)
     x = torch.randn(256, 4096, requires_grad=True)

@@ -5,7 +5,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from tests.conftest import make_model, padded_batch
-from vanilla_transformer.linear import _PACKED, Linear, _onednn_available, packed_weights
+from vanilla_transformer.model.linear import _PACKED, Linear, _onednn_available, packed_weights
 
 pytestmark = pytest.mark.skipif(not _onednn_available(), reason="torch built without oneDNN: nothing is packed")
 

@@ -5,8 +5,8 @@ import torch
 from transformers.trainer_pt_utils import LabelSmoother
 
 from tests.conftest import make_model, padded_batch
-from vanilla_transformer import loss as loss_module
-from vanilla_transformer.loss import token_cross_entropy
+from vanilla_transformer.model import loss as loss_module
+from vanilla_transformer.model.loss import token_cross_entropy
 
 
 def _case(rows: int = 23, vocab: int = 37, seed: int = 0):
@@ -66,7 +66,7 @@ def test_bad_arguments_are_named():
 
 def test_accelerator_tensors_take_torch_cross_entropy(monkeypatch):
     """The chunked loss is sized for CPU caches; on other devices (here: meta) the fused torch kernel is used."""
-    from vanilla_transformer import modeling_vanilla_transformer as modeling
+    from vanilla_transformer.model import modeling_vanilla_transformer as modeling
 
     def fail(*args, **kwargs):
         raise AssertionError("the chunked CPU loss ran on a non-CPU tensor")

@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoModelForSeq2SeqLM
 
 from tests.training_fixtures import TINY_OVERRIDES_ARG, make_pairs, write_mo
-from vanilla_transformer.main_job import MainJobArguments, run_main_job
+from vanilla_transformer.training.main_job import MainJobArguments, run_main_job
 
 
 def test_main_job_on_a_tiny_catalog(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.onnx_helpers import CONFIG, load_trained_model, trained_export_dir, trained_model_dir
-from vanilla_transformer.onnx_export import (
+from vanilla_transformer.export.onnx_export import (
     BEAM_SCORES_FILE,
     DECODER_FILE,
     ENCODER_FILE,
@@ -28,7 +28,7 @@ from vanilla_transformer.onnx_export import (
     optimize_variant,
     write_beam_scores_graph,
 )
-from vanilla_transformer.onnx_validation import GridCase, validate_export, validation_grid
+from vanilla_transformer.export.onnx_validation import GridCase, validate_export, validation_grid
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = CONFIG["decoder_layers"]
@@ -265,7 +265,7 @@ def test_untie_output_projection_replaces_the_transposed_table(tmp_path):
     MatMul a pre-transposed copy and drop the Transpose, with unchanged outputs."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from vanilla_transformer.onnx_export import untie_output_projection
+    from vanilla_transformer.export.onnx_export import untie_output_projection
 
     table = np.random.default_rng(0).standard_normal((11, 6)).astype(np.float32)  # (vocab, d_model)
     nodes = [

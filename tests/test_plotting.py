@@ -5,7 +5,7 @@ from transformers import AutoTokenizer
 
 from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
 from tests.training_fixtures import tiny_model
-from vanilla_transformer.plotting import cross_attention_matrix, plot_cross_attention, plot_training_curves
+from vanilla_transformer.training.plotting import cross_attention_matrix, plot_cross_attention, plot_training_curves
 
 
 def test_training_curves_png(tmp_path):

@@ -4,7 +4,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
-from vanilla_transformer.tokenization import SPECIAL_TOKEN_IDS, check_special_token_ids, train_bpe_tokenizer
+from vanilla_transformer.training.tokenization import SPECIAL_TOKEN_IDS, check_special_token_ids, train_bpe_tokenizer
 
 TRICKY = [
     "Hello,  world!  Two spaces.",

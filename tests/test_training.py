@@ -9,9 +9,9 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainingAr
 
 from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
 from tests.training_fixtures import tiny_model
-from vanilla_transformer.data import DataArguments, load_parallel_data, tokenize_parallel
-from vanilla_transformer.experiment import build_trainer
-from vanilla_transformer.training import (
+from vanilla_transformer.training.data import DataArguments, load_parallel_data, tokenize_parallel
+from vanilla_transformer.training.experiment import build_trainer
+from vanilla_transformer.training.recipe import (
     RecipeArguments,
     TokenBudgetBatchSampler,
     apply_paper_recipe,
@@ -223,7 +223,7 @@ def test_bf16_autocast_and_gradient_accumulation_run(tmp_path, toy_data_dir, toy
 
 
 def test_time_budget_stops_training_and_saves(tmp_path, toy_data_dir, toy_tokenizer_dir):
-    from vanilla_transformer.experiment import TimeBudgetCallback
+    from vanilla_transformer.training.experiment import TimeBudgetCallback
 
     tokenizer = AutoTokenizer.from_pretrained(toy_tokenizer_dir)
     data = _datasets(toy_data_dir, tokenizer)

@@ -69,7 +69,7 @@ def toy_pairs() -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="session")
 def toy_tokenizer_dir(tmp_path_factory, toy_pairs) -> Path:
-    from vanilla_transformer.tokenization import train_bpe_tokenizer
+    from vanilla_transformer.training.tokenization import train_bpe_tokenizer
 
     tokenizer = train_bpe_tokenizer([text for pair in toy_pairs for text in pair], vocab_size=400)
     path = tmp_path_factory.mktemp("tokenizer")

@@ -6,9 +6,9 @@ classes so that `save_pretrained` ships their source next to the weights for `tr
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
-from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
-from .embeddings import SinusoidalPositionalEncoding, sinusoidal_positional_encoding
-from .modeling_vanilla_transformer import (
+from .model.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from .model.embeddings import SinusoidalPositionalEncoding, sinusoidal_positional_encoding
+from .model.modeling_vanilla_transformer import (
     VanillaTransformerDecoder,
     VanillaTransformerEncoder,
     VanillaTransformerForConditionalGeneration,

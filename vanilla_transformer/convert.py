@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from transformers.utils import logging
 
-from .configuration_vanilla_transformer import ACTIVATIONS, VanillaTransformerConfig
-from .embeddings import sinusoidal_positional_encoding
-from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from .model.configuration_vanilla_transformer import ACTIVATIONS, VanillaTransformerConfig
+from .model.embeddings import sinusoidal_positional_encoding
+from .model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
 logger = logging.get_logger(__name__)
 

@@ -14,23 +14,34 @@ from typing import Any
 
 from transformers.utils import logging
 
-from .configuration_vanilla_transformer import PRESETS
-from .modeling_vanilla_transformer import AUTO_MAP
+from .model.configuration_vanilla_transformer import PRESETS
+from .model.modeling_vanilla_transformer import AUTO_MAP
 
 logger = logging.get_logger(__name__)
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-# The remote code: the modeling files (the single-dot imports of modeling_vanilla_transformer.py) and the pipeline.
-CODE_FILES = (
-    "configuration_vanilla_transformer.py",
-    "embeddings.py",
-    "linear.py",
-    "loss.py",
-    "attention.py",
-    "layers.py",
-    "modeling_vanilla_transformer.py",
-    "pipeline_vanilla_transformer.py",
-)
+MODEL_DIR = Path(__file__).resolve().parent / "model"
+REMOTE_CODE_ENTRY_POINTS = ("modeling_vanilla_transformer.py", "pipeline_vanilla_transformer.py")
+_RELATIVE_IMPORT = re.compile(r"^\s*from \.(\w+) import", re.MULTILINE)
+
+
+def remote_code_files(model_dir: Path = MODEL_DIR) -> tuple[str, ...]:
+    """The files `trust_remote_code` needs: the entry points and, transitively, every module they import with a
+    single-dot relative import (transformers copies exactly these next to the weights)."""
+    found: list[str] = []
+    pending = list(REMOTE_CODE_ENTRY_POINTS)
+    while pending:
+        name = pending.pop(0)
+        if name in found:
+            continue
+        source = model_dir / name
+        if not source.is_file():
+            raise FileNotFoundError(f"Remote-code module {name} is imported but missing from {model_dir}.")
+        found.append(name)
+        pending.extend(f"{module}.py" for module in _RELATIVE_IMPORT.findall(source.read_text(encoding="utf-8")))
+    return tuple(sorted(found))
+
+
+CODE_FILES = remote_code_files()
 CUSTOM_PIPELINES = {
     "translation": {
         "impl": "pipeline_vanilla_transformer.TranslationPipeline",
@@ -267,7 +278,7 @@ def prepare_hub_folder(
         if path.is_file() and not SKIPPED.match(path.name) and path.name not in CODE_FILES:
             shutil.copy2(path, output_dir / path.name)
     for name in CODE_FILES:  # the package's own source, so the code matches the installed version
-        shutil.copy2(PACKAGE_DIR / name, output_dir / name)
+        shutil.copy2(MODEL_DIR / name, output_dir / name)
     config = json.loads((output_dir / "config.json").read_text())
     config["auto_map"] = {**config.get("auto_map", {}), **AUTO_MAP}
     config["custom_pipelines"] = CUSTOM_PIPELINES

@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging
 
-from .metrics import corpus_scores
+from .training.metrics import corpus_scores
 
 logger = logging.get_logger(__name__)
 

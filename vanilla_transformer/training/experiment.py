@@ -25,8 +25,8 @@ from transformers.utils import logging
 
 from .data import DataArguments, load_parallel_data, tokenize_parallel
 from .metrics import build_compute_metrics, decode_ids
+from .recipe import RecipeArguments, TranslationTrainer, apply_paper_recipe, resolve_resume_checkpoint
 from .tokenization import check_special_token_ids
-from .training import RecipeArguments, TranslationTrainer, apply_paper_recipe, resolve_resume_checkpoint
 
 logger = logging.get_logger(__name__)
 
@@ -53,7 +53,7 @@ def parse_config_overrides(text: str | None) -> dict[str, Any]:
 
     Unknown field names are a `ValueError` that suggests the closest field.
     """
-    from .configuration_vanilla_transformer import VanillaTransformerConfig
+    from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
 
     overrides: dict[str, Any] = {}
     for item in (text or "").split(","):
@@ -89,7 +89,7 @@ def build_model(model_args: ModelArguments, tokenizer) -> PreTrainedModel:
 
     extra = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path:
-        from .configuration_vanilla_transformer import SIZE_FIELDS
+        from ..model.configuration_vanilla_transformer import SIZE_FIELDS
 
         overrides = parse_config_overrides(model_args.config_overrides)
         sizes = sorted(set(overrides) & set(SIZE_FIELDS))

@@ -452,7 +452,7 @@ def export_model(
     output_dir.mkdir(parents=True, exist_ok=True)
     copy_tokenizer(Path(tokenizer_dir) if tokenizer_dir else model_dir, output_dir)
 
-    from .inference import load_model_folder
+    from ..inference import load_model_folder
     from .onnx_validation import validate_export
 
     model = load_model_folder(model_dir, dtype=torch.float32).eval()

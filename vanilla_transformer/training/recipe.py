@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Sampler
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.utils import logging
 
-from .loss import IGNORE_INDEX
+from ..model.loss import IGNORE_INDEX
 
 logger = logging.get_logger(__name__)
 

@@ -19,9 +19,9 @@ import torch
 from ctranslate2.converters import utils as converter_utils
 from ctranslate2.specs import common_spec, transformer_spec
 
-from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .embeddings import sinusoidal_positional_encoding
-from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
+from ..model.embeddings import sinusoidal_positional_encoding
+from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
 QUANTIZATIONS = ("int8", "int8_float32", "float16")
 MIN_POSITIONS = 1024  # default rows of the position table: max(MIN_POSITIONS, config.max_position_embeddings)

@@ -17,11 +17,11 @@ from typing import Any
 from transformers import Seq2SeqTrainingArguments
 from transformers.utils import logging
 
+from ..inference import load_translation_model, translate
 from .data import DEFAULT_LOCALE_DIR, DataArguments, gettext_corpus, write_tsv
 from .experiment import ModelArguments, run_training
-from .inference import load_translation_model, translate
+from .recipe import RecipeArguments
 from .tokenization import train_bpe_tokenizer
-from .training import RecipeArguments
 
 logger = logging.get_logger(__name__)
 
@@ -162,7 +162,7 @@ def _onnx_step(model_dir: Path, onnx_dir: Path, sentences: list[str]) -> list[st
     try:
         from vanilla_transformer_ort import OrtTranslator
 
-        from .onnx_export import export_model
+        from ..export.onnx_export import export_model
     except ImportError as error:
         logger.warning(f"Skipping the ONNX step ({error}); install it with: pip install -e '.[onnx]'")
         return None

@@ -1,0 +1,1 @@
+"""Training (§5): corpora, tokenizer, recipe, trainer, metrics, checkpoint averaging, plots and the main job."""
