@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vanilla_transformer.training import recipe as training  # noqa: E402
+from vanilla_transformer.training import trainer as training  # noqa: E402
 
 record_dir = Path(sys.argv[1])
 recorded: list[list[int]] = []

@@ -13,13 +13,13 @@ from vanilla_transformer.training.data import DataArguments, load_parallel_data,
 from vanilla_transformer.training.experiment import build_trainer
 from vanilla_transformer.training.recipe import (
     RecipeArguments,
-    TokenBudgetBatchSampler,
     apply_paper_recipe,
     explicit_flags,
     get_noam_schedule,
     noam_learning_rate,
     noam_peak_learning_rate,
 )
+from vanilla_transformer.training.trainer import TokenBudgetBatchSampler
 
 
 def paper_formula(step, d_model, warmup):  # the oracle: Eq. (3) written out independently

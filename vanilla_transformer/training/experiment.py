@@ -25,8 +25,9 @@ from transformers.utils import logging
 
 from .data import DataArguments, load_parallel_data, tokenize_parallel
 from .metrics import build_compute_metrics, decode_ids
-from .recipe import RecipeArguments, TranslationTrainer, apply_paper_recipe, resolve_resume_checkpoint
+from .recipe import RecipeArguments, apply_paper_recipe
 from .tokenization import check_special_token_ids
+from .trainer import TranslationTrainer, resolve_resume_checkpoint
 
 logger = logging.get_logger(__name__)
 
