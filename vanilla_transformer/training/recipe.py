@@ -75,11 +75,16 @@ class RecipeArguments:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def _warmup_then_inverse_sqrt(step: int, warmup_steps: int) -> float:
+    """min(step^-0.5, step · warmup_steps^-1.5): the shape of Eq. (3), linear up to `warmup_steps`, then 1/√step."""
+    return min(step**-0.5, step * warmup_steps**-1.5)
+
+
 def noam_learning_rate(step: int, d_model: int, warmup_steps: int = 4000) -> float:
     """lrate = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5), paper Eq. (3); `step` counts from 1."""
     if step < 1 or warmup_steps < 1 or d_model < 1:
         raise ValueError(f"step, warmup_steps and d_model must be >= 1 (got {step}, {warmup_steps}, {d_model}).")
-    return d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+    return d_model**-0.5 * _warmup_then_inverse_sqrt(step, warmup_steps)
 
 
 def noam_peak_learning_rate(d_model: int, warmup_steps: int = 4000) -> float:
@@ -89,7 +94,7 @@ def noam_peak_learning_rate(d_model: int, warmup_steps: int = 4000) -> float:
 
 def _noam_multiplier(completed_steps: int, warmup_steps: int) -> float:
     step = completed_steps + 1  # LambdaLR counts completed updates; update number `step` uses this value
-    return min(step**-0.5, step * warmup_steps**-1.5) * math.sqrt(warmup_steps)  # 1.0 at the peak
+    return _warmup_then_inverse_sqrt(step, warmup_steps) * math.sqrt(warmup_steps)  # 1.0 at the peak
 
 
 def get_noam_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
