@@ -10,7 +10,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from vanilla_transformer.training.data import DEFAULT_LOCALE_DIR, DataArguments, load_parallel_data
+from vanilla_transformer.training.data import DataArguments, load_parallel_data
+from vanilla_transformer.training.gettext_corpus import DEFAULT_LOCALE_DIR
 from vanilla_transformer.training.tokenization import DEFAULT_VOCAB_SIZE, train_bpe_tokenizer
 
 

@@ -18,8 +18,9 @@ from transformers import Seq2SeqTrainingArguments
 from transformers.utils import logging
 
 from ..inference import load_translation_model, translate
-from .data import DEFAULT_LOCALE_DIR, DataArguments, gettext_corpus, write_tsv
+from .data import DataArguments, write_tsv
 from .experiment import ModelArguments, run_training
+from .gettext_corpus import DEFAULT_LOCALE_DIR, gettext_corpus
 from .recipe import RecipeArguments
 from .tokenization import train_bpe_tokenizer
 
