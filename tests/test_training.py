@@ -223,7 +223,7 @@ def test_bf16_autocast_and_gradient_accumulation_run(tmp_path, toy_data_dir, toy
 
 
 def test_time_budget_stops_training_and_saves(tmp_path, toy_data_dir, toy_tokenizer_dir):
-    from vanilla_transformer.training.experiment import TimeBudgetCallback
+    from vanilla_transformer.training.callbacks import TimeBudgetCallback
 
     tokenizer = AutoTokenizer.from_pretrained(toy_tokenizer_dir)
     data = _datasets(toy_data_dir, tokenizer)
