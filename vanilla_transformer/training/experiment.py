@@ -21,6 +21,7 @@ from transformers import (
 )
 from transformers.utils import logging
 
+from ..model.loss import IGNORE_INDEX
 from .callbacks import MetricsFileCallback, TimeBudgetCallback
 from .data import DataArguments, load_parallel_data, tokenize_parallel
 from .metrics import build_compute_metrics, decode_ids
@@ -135,7 +136,7 @@ def build_trainer(
     """`TranslationTrainer` with the seq2seq collator (-100 label padding, decoder inputs from the model) and BLEU."""
     pad_multiple = 8 if (training_args.fp16 or training_args.bf16) else None
     collator = DataCollatorForSeq2Seq(
-        tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=pad_multiple
+        tokenizer, model=model, label_pad_token_id=IGNORE_INDEX, pad_to_multiple_of=pad_multiple
     )  # model= matters: with label smoothing the Trainer removes labels, so decoder_input_ids must be in the batch
     compute_metrics = build_compute_metrics(tokenizer) if training_args.predict_with_generate else None
     return TranslationTrainer(
