@@ -81,7 +81,7 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
 
     def lap(name: str, since: float) -> float:
         timings[name] = round(time.monotonic() - since, 1)
-        logger.warning(f"[main job] {name}: {timings[name]:.1f}s")
+        logger.info(f"[main job] {name}: {timings[name]:.1f}s")
         return time.monotonic()
 
     now = time.monotonic()
