@@ -1,5 +1,5 @@
 """One training run end to end: tokenizer, corpus, model, the paper's recipe on `TranslationTrainer`, evaluation with
-beam search (§6.1), logs and plots. `scripts/train.py` parses the arguments and calls `run_training`.
+beam search (§6.1), logs and plots. `vt-train` (scripts/train.py) parses the arguments and calls `run_training`.
 """
 
 from __future__ import annotations

@@ -185,8 +185,8 @@ class NonFiniteLossError(RuntimeError):
 class TranslationTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` plus token-budget batches (distinct per rank) and the paper's learning-rate schedule.
 
-    Label smoothing (`label_smoothing_factor`, §5.4) is computed by the model's own loss (`loss.py`) instead of the
-    Trainer's `LabelSmoother`: the same value, without the log-softmax tensors of (tokens, vocab) floats.
+    Label smoothing (`label_smoothing_factor`, §5.4) is computed by the model's own loss (`model/loss.py`) instead of
+    the Trainer's `LabelSmoother`: the same value, without the log-softmax tensors of (tokens, vocab) floats.
     """
 
     def __init__(self, *args, max_tokens: int | None = None, lr_schedule: str = "noam", **kwargs):
