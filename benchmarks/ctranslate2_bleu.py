@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 VARIANTS = {"fp32": None, "int8": "int8"}
 

@@ -1,8 +1,8 @@
 """GPU serving: the fp16 export on onnxruntime's CUDA provider with I/O binding, beside PyTorch `generate()` there.
 
-    python benchmarks/onnx_gpu.py                       # base-preset dims, random weights; needs onnxruntime-gpu + GPU
-    python benchmarks/onnx_gpu.py --model runs/demo/model --batches 1 64 --num-beams 4
-    python benchmarks/onnx_gpu.py --provider cpu --preset tiny --vocab-size 512 --batches 1 4   # the same path on CPU
+    python -m benchmarks.onnx_gpu                       # base-preset dims, random weights; needs onnxruntime-gpu + GPU
+    python -m benchmarks.onnx_gpu --model runs/demo/model --batches 1 64 --num-beams 4
+    python -m benchmarks.onnx_gpu --provider cpu --preset tiny --vocab-size 512 --batches 1 4   # the same path on CPU
 
 For each batch size: a 24-token source, exactly 32 new tokens per row (EOS banned until then), the best of
 `--repeats` runs after a warm-up, and tokens/s = batch x new tokens / seconds for
@@ -17,21 +17,18 @@ directory). Results go to `benchmarks/results/onnx_gpu.json`.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+import numpy as np
+import torch
+from vanilla_transformer_ort import OrtTranslator
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from vanilla_transformer_ort import OrtTranslator  # noqa: E402
-
-from benchmarks import common  # noqa: E402
-from benchmarks.onnx_speed import agreement, random_model, source_batch  # noqa: E402
-from vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
-from vanilla_transformer.export.onnx_export import export_model  # noqa: E402
+from benchmarks import common
+from benchmarks.onnx_speed import agreement, random_model, source_batch
+from vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer.export.onnx_export import export_model
 
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 

@@ -1,7 +1,7 @@
 """PyTorch `generate()` vs onnxruntime fp32 vs onnxruntime int8, side by side, on CPU.
 
-    python benchmarks/onnx_speed.py                       # base-preset dims, random weights, 2 threads
-    python benchmarks/onnx_speed.py --model runs/demo --eval-tsv ../shared/data/gettext-en-de/test.tsv
+    python -m benchmarks.onnx_speed                       # base-preset dims, random weights, 2 threads
+    python -m benchmarks.onnx_speed --model runs/demo --eval-tsv ../shared/data/gettext-en-de/test.tsv
 
 Cases: greedy at batch 1 and beam 4 at batch 16, a 24-token source, exactly 32 new tokens (EOS banned until then:
 `min_new_tokens = max_new_tokens`). Each figure is the best of `--repeats` runs after one warm-up, PyTorch and the
@@ -18,24 +18,21 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+import numpy as np
+import onnxruntime as ort
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+from vanilla_transformer_ort import OrtTranslator
+from vanilla_transformer_ort.runtime import session_options
 
-import numpy as np  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-import torch  # noqa: E402
-from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
-from vanilla_transformer_ort import OrtTranslator  # noqa: E402
-from vanilla_transformer_ort.runtime import session_options  # noqa: E402
-
-from benchmarks import common  # noqa: E402
-from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
-from vanilla_transformer.export.onnx_export import export_model  # noqa: E402
+from benchmarks import common
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.export.onnx_export import export_model
 
 CASES = [("greedy", 1, 1), ("beam 4", 4, 16)]  # (name, num_beams, batch)
 TARGETS = {"fp32": 2.0, "int8": 4.0}

@@ -6,8 +6,8 @@ label smoothing 0.1, token-budget batches of --max_tokens) and `reference` (a pl
 ε 1e-9, peak 1e-3 on the inverse-square-root schedule after 500 warmup steps, label smoothing 0.1, gradient clipping
 1.0, batches of 64 pairs grouped by length).
 
-    python benchmarks/quality.py --preset small --steps 2000 --recipe reference --seeds 0 1
-    python benchmarks/quality.py --preset small --steps 2000 --recipe package --warmup_steps 500 --learning_rate 1e-3
+    python -m benchmarks.quality --preset small --steps 2000 --recipe reference --seeds 0 1
+    python -m benchmarks.quality --preset small --steps 2000 --recipe package --warmup_steps 500 --learning_rate 1e-3
 
 This is a benchmark, not a test: it takes minutes to hours depending on --steps and --preset.
 """
@@ -17,23 +17,21 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
+import torch
+from transformers import MarianConfig, MarianMTModel, Seq2SeqTrainingArguments
+from transformers.utils import logging
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.inference import evaluate_translations
+from vanilla_transformer.training.data import DataArguments, load_parallel_data, tokenize_parallel
+from vanilla_transformer.training.experiment import build_trainer, parse_config_overrides, set_generation_defaults
+from vanilla_transformer.training.recipe import RecipeArguments, apply_paper_recipe
+from vanilla_transformer.training.tokenization import train_bpe_tokenizer
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-
-import torch  # noqa: E402
-from transformers import MarianConfig, MarianMTModel, Seq2SeqTrainingArguments  # noqa: E402
-from transformers.utils import logging  # noqa: E402
-
-from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
-from vanilla_transformer.inference import evaluate_translations  # noqa: E402
-from vanilla_transformer.training.data import DataArguments, load_parallel_data, tokenize_parallel  # noqa: E402
-from vanilla_transformer.training.experiment import build_trainer, parse_config_overrides, set_generation_defaults  # noqa: E402
-from vanilla_transformer.training.recipe import RecipeArguments, apply_paper_recipe  # noqa: E402
-from vanilla_transformer.training.tokenization import train_bpe_tokenizer  # noqa: E402
 
 
 def build(kind: str, config: VanillaTransformerConfig, seed: int):

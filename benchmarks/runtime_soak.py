@@ -27,12 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+import numpy as np
+from vanilla_transformer_ort import OrtTranslator
 
-import numpy as np  # noqa: E402
-from vanilla_transformer_ort import OrtTranslator  # noqa: E402
-
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 TARGET_GROWTH = 0.05
 BATCHES, BEAMS = (1, 2, 4, 8, 16), (1, 2, 4)

@@ -14,7 +14,10 @@ if ! python -c "import torch" 2>/dev/null; then
     # The CPU wheel first: where it lies on local disk this is fast; elsewhere any torch >= 2.4 works.
     python -m pip install --quiet torch==2.13.0 || python -m pip install --quiet "torch>=2.4"
 fi
-if ! python -c "import vanilla_transformer, datasets, accelerate, sacrebleu, matplotlib, tensorboard, onnxruntime, onnxscript" 2>/dev/null; then
+# The scripts import the installed package: install this checkout unless it is the one Python finds (asked from
+# outside the checkout, so that the working directory does not count).
+installed="$(cd / && python -c "import os, vanilla_transformer as v; print(os.path.realpath(os.path.dirname(os.path.dirname(v.__file__))))" 2>/dev/null || true)"
+if [[ "$installed" != "$(pwd -P)" ]] || ! python -c "import datasets, accelerate, sacrebleu, matplotlib, tensorboard, onnxruntime, onnxscript" 2>/dev/null; then
     python -m pip install --quiet -e ".[train,onnx]"
 fi
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"  # the main job needs nothing from the Hub

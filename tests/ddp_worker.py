@@ -8,10 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from vanilla_transformer.training import trainer as training
 
-from vanilla_transformer.training import recipe as training  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 record_dir = Path(sys.argv[1])
 recorded: list[list[int]] = []

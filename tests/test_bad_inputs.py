@@ -27,7 +27,8 @@ from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
 from vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.training.data import read_parallel_file
 from vanilla_transformer.training.experiment import parse_config_overrides
-from vanilla_transformer.training.recipe import check_precision_flags, resolve_resume_checkpoint
+from vanilla_transformer.training.recipe import check_precision_flags
+from vanilla_transformer.training.trainer import resolve_resume_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,16 +10,13 @@ from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
 from tests.training_fixtures import write_mo
 from vanilla_transformer.training.data import (
     DataArguments,
-    clean_pairs,
-    gettext_corpus,
     load_parallel_data,
     normalize_translation_dataset,
-    read_mo_catalog,
     read_parallel_file,
-    split_of,
     tokenize_parallel,
     write_tsv,
 )
+from vanilla_transformer.training.gettext_corpus import clean_pairs, gettext_corpus, read_mo_catalog, split_of
 
 PAIRS = [("the red house.", "das rote Haus."), ('say "hi"', 'sag "hallo"'), ("a, b", "a, b und c")]
 

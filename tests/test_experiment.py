@@ -14,13 +14,8 @@ from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
 from tests.training_fixtures import make_pairs
 from vanilla_transformer.training.data import DataArguments
 from vanilla_transformer.training.experiment import ModelArguments, run_training
-from vanilla_transformer.training.recipe import (
-    NonFiniteLossError,
-    RecipeArguments,
-    TranslationTrainer,
-    explicit_flags,
-    last_complete_checkpoint,
-)
+from vanilla_transformer.training.recipe import RecipeArguments, explicit_flags
+from vanilla_transformer.training.trainer import NonFiniteLossError, TranslationTrainer, last_complete_checkpoint
 
 # Dropout everywhere, so identical runs need identical random streams; one layer each keeps runs at ~1 s.
 OVERRIDES = (

@@ -1,5 +1,6 @@
 """Hub sharing without a network: the dry-run folder, the model card, and the upload with Hub calls intercepted."""
 
+import importlib.util
 import json
 import logging
 import subprocess
@@ -19,8 +20,9 @@ from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForC
 from vanilla_transformer.hub import CODE_FILES, prepare_hub_folder, push_to_hub, read_eval_results
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import push_to_hub as push_script  # noqa: E402
+_spec = importlib.util.spec_from_file_location("push_to_hub_script", ROOT / "scripts" / "push_to_hub.py")
+push_script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(push_script)
 
 SECRET = "hf_TESTtokenNEVERshownABCDEFGHIJKLMNOP"
 SENTENCES = ["hello world", "the cat sat on the mat", "good morning", "hallo welt", "die katze", "guten morgen"]

@@ -1,5 +1,6 @@
 """Each script's --help, and one tiny end-to-end run: tokenizer → train → evaluate → translate → average."""
 
+import importlib
 import importlib.util
 import json
 from pathlib import Path
@@ -11,8 +12,12 @@ from transformers import AutoModelForSeq2SeqLM
 from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
 from tests.training_fixtures import TINY_OVERRIDES_ARG
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
 NAMES = ["train_tokenizer", "train", "evaluate", "translate", "average_checkpoints"]
+# The console scripts of pyproject.toml whose targets live in this package's training/inference side.
+CONSOLE_SCRIPTS = ["vt-train", "vt-evaluate", "vt-translate", "vt-train-tokenizer", "vt-average-checkpoints",
+                   "vt-main-job", "vt-convert-marian", "vt-push-to-hub"]  # fmt: skip
 
 
 def load_script(name):
@@ -28,6 +33,30 @@ def test_help(name, capsys):
         load_script(name).main(["--help"])
     assert exit_info.value.code == 0
     assert "usage" in capsys.readouterr().out
+
+
+def console_script(name):
+    """The function `[project.scripts]` in pyproject.toml names for `name`."""
+    tomllib = pytest.importorskip("tomllib")
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert name in scripts, f"{name} is not in [project.scripts]"
+    module, _, attribute = scripts[name].partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+@pytest.mark.parametrize("name", CONSOLE_SCRIPTS)
+def test_console_script_help(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        console_script(name)(["--help"])
+    assert exit_info.value.code == 0
+    assert "usage" in capsys.readouterr().out
+
+
+def test_console_script_returns_an_exit_status(tmp_path, capsys):
+    # The console-script wrapper passes the return value to sys.exit: an int status, never the command's result.
+    push = console_script("vt-push-to-hub")
+    assert push(["--model", str(tmp_path / "none"), "--repo_id", "u/m", "--dry_run", str(tmp_path / "out")]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_end_to_end(tmp_path, toy_data_dir, capsys):

@@ -13,13 +13,13 @@ from vanilla_transformer.training.data import DataArguments, load_parallel_data,
 from vanilla_transformer.training.experiment import build_trainer
 from vanilla_transformer.training.recipe import (
     RecipeArguments,
-    TokenBudgetBatchSampler,
     apply_paper_recipe,
     explicit_flags,
     get_noam_schedule,
     noam_learning_rate,
     noam_peak_learning_rate,
 )
+from vanilla_transformer.training.trainer import TokenBudgetBatchSampler
 
 
 def paper_formula(step, d_model, warmup):  # the oracle: Eq. (3) written out independently
@@ -223,7 +223,7 @@ def test_bf16_autocast_and_gradient_accumulation_run(tmp_path, toy_data_dir, toy
 
 
 def test_time_budget_stops_training_and_saves(tmp_path, toy_data_dir, toy_tokenizer_dir):
-    from vanilla_transformer.training.experiment import TimeBudgetCallback
+    from vanilla_transformer.training.callbacks import TimeBudgetCallback
 
     tokenizer = AutoTokenizer.from_pretrained(toy_tokenizer_dir)
     data = _datasets(toy_data_dir, tokenizer)

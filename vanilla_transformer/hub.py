@@ -16,6 +16,7 @@ from transformers.utils import logging
 
 from .model.configuration_vanilla_transformer import PRESETS
 from .model.modeling_vanilla_transformer import AUTO_MAP
+from .training.tokenization import SAVED_TOKENIZER_FILES
 
 logger = logging.get_logger(__name__)
 
@@ -50,7 +51,6 @@ CUSTOM_PIPELINES = {
     }
 }
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # Files of a training output folder that do not belong on the Hub.
 SKIPPED = re.compile(r"^(checkpoint-\d+|runs|optimizer\.pt|scheduler\.pt|rng_state.*\.pth|training_args\.bin)$")
 METRIC_FILES = ("all_results.json", "test_results.json", "predict_results.json", "eval_results.json")
@@ -65,7 +65,7 @@ def check_model_folder(model_dir: str | Path) -> Path:
     missing = [name for name in ("config.json", "generation_config.json") if not (model_dir / name).exists()]
     if not any((model_dir / name).exists() for name in WEIGHT_FILES):
         missing.append("model.safetensors")
-    missing += [name for name in TOKENIZER_FILES if not (model_dir / name).exists()]
+    missing += [name for name in SAVED_TOKENIZER_FILES if not (model_dir / name).exists()]
     if missing:
         raise FileNotFoundError(
             f"Model folder {str(model_dir)!r} lacks {', '.join(missing)}. Save the model with "

@@ -1,1 +1,2 @@
-"""Training (§5): corpora, tokenizer, recipe, trainer, metrics, checkpoint averaging, plots and the main job."""
+"""Training (§5): corpora, tokenizer, recipe, trainer and its callbacks, metrics, checkpoint averaging, plots and
+the main job."""

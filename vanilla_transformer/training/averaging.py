@@ -11,10 +11,11 @@ import torch
 from safetensors.torch import load_file
 from transformers.utils import logging
 
+from .tokenization import TOKENIZER_FILES
+
 logger = logging.get_logger(__name__)
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def last_checkpoints(run_dir: str | os.PathLike, count: int) -> list[Path]:
@@ -98,7 +99,7 @@ def average_checkpoints(checkpoints: list[str | os.PathLike], output_dir: str | 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output_dir)
-    for name in _TOKENIZER_FILES:
+    for name in TOKENIZER_FILES:
         if (checkpoints[-1] / name).is_file():
             shutil.copy2(checkpoints[-1] / name, output_dir / name)
     logger.info(f"Averaged {len(checkpoints)} checkpoints into {output_dir}.")

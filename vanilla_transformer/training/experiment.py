@@ -1,10 +1,9 @@
 """One training run end to end: tokenizer, corpus, model, the paper's recipe on `TranslationTrainer`, evaluation with
-beam search (§6.1), logs and plots. `scripts/train.py` parses the arguments and calls `run_training`.
+beam search (§6.1), logs and plots. `vt-train` (scripts/train.py) parses the arguments and calls `run_training`.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import time
@@ -18,15 +17,17 @@ from transformers import (
     DataCollatorForSeq2Seq,
     PreTrainedModel,
     Seq2SeqTrainingArguments,
-    TrainerCallback,
     set_seed,
 )
 from transformers.utils import logging
 
+from ..model.loss import IGNORE_INDEX
+from .callbacks import MetricsFileCallback, TimeBudgetCallback
 from .data import DataArguments, load_parallel_data, tokenize_parallel
 from .metrics import build_compute_metrics, decode_ids
-from .recipe import RecipeArguments, TranslationTrainer, apply_paper_recipe, resolve_resume_checkpoint
+from .recipe import RecipeArguments, apply_paper_recipe
 from .tokenization import check_special_token_ids
+from .trainer import TranslationTrainer, resolve_resume_checkpoint
 
 logger = logging.get_logger(__name__)
 
@@ -123,117 +124,6 @@ def set_generation_defaults(model: PreTrainedModel, num_beams: int, length_penal
         model.generation_config.early_stopping = True
 
 
-class MetricsFileCallback(TrainerCallback):
-    """Appends every log entry to `<output_dir>/metrics.jsonl` and `metrics.csv` (main process only)."""
-
-    def __init__(self, output_dir: str | os.PathLike):
-        self.output_dir = Path(output_dir)
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        """On a resume from step k, drop the rows logged after step k by the interrupted run: training repeats those
-        steps, so keeping them would log each twice. A fresh run (k = 0) in a used folder starts new files."""
-        if state.is_world_process_zero:
-            self.drop_rows_after(state.global_step)
-
-    def drop_rows_after(self, step: int) -> None:
-        """Rewrite metrics.jsonl and metrics.csv without the rows of steps > `step`."""
-        path = self.output_dir / "metrics.jsonl"
-        if path.is_file():
-            lines = path.read_text(encoding="utf-8").splitlines()
-            kept = [line for line in lines if _logged_step(line) <= step]
-            if len(kept) < len(lines):
-                logger.info(f"Training starts at step {step}: dropped {len(lines) - len(kept)} later rows of {path}.")
-            path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        path = self.output_dir / "metrics.csv"
-        if path.is_file():
-            with path.open(encoding="utf-8", newline="") as handle:
-                rows = list(csv.reader(handle))
-            kept = rows[:1] + [row for row in rows[1:] if row and row[0].isdigit() and int(row[0]) <= step]
-            with path.open("w", encoding="utf-8", newline="") as handle:
-                csv.writer(handle).writerows(kept)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs:
-            return
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        record = {"step": state.global_step, "epoch": state.epoch, **logs}
-        with (self.output_dir / "metrics.jsonl").open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
-        path = self.output_dir / "metrics.csv"
-        is_new = not path.exists()
-        with path.open("a", encoding="utf-8", newline="") as handle:
-            writer = csv.writer(handle)
-            if is_new:
-                writer.writerow(["step", "epoch", "name", "value"])
-            for name, value in logs.items():
-                writer.writerow([state.global_step, state.epoch, name, value])
-
-
-class TimeBudgetCallback(TrainerCallback):
-    """Stops training (and saves) once `max_seconds` of wall-clock time have passed since training began; shows a
-    progress bar over the budget (elapsed seconds, step, last loss) on the main process."""
-
-    def __init__(self, max_seconds: float, show_progress: bool = True):
-        self.max_seconds = max_seconds
-        self.show_progress = show_progress
-        self.start = None
-        self.bar = None
-        self.last_loss = float("nan")
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.start = time.monotonic()
-        if self.show_progress and state.is_world_process_zero:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(
-                total=round(self.max_seconds),
-                desc="Training within the time budget",
-                bar_format="{l_bar}{bar}| {n}/{total} s [{elapsed}<{remaining}{postfix}]",
-            )
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "loss" in logs:
-            self.last_loss = logs["loss"]
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.start is None:
-            return
-        elapsed = time.monotonic() - self.start
-        if self.bar is not None:
-            self.bar.update(min(round(elapsed), self.bar.total) - self.bar.n)
-            self.bar.set_postfix(step=state.global_step, loss=f"{self.last_loss:.3f}", refresh=False)
-        if _on_any_rank(elapsed > self.max_seconds):  # every rank must stop at the same step, or DDP would hang
-            logger.warning(f"Time budget of {self.max_seconds:.0f}s reached at step {state.global_step}; stopping.")
-            control.should_training_stop = True
-            control.should_save = True
-
-    def on_train_end(self, args, state, control, **kwargs):
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-
-def _logged_step(line: str) -> float:
-    """The step of a metrics.jsonl line; infinite (dropped) for a line cut short by a killed process."""
-    try:
-        return json.loads(line).get("step", 0)
-    except (json.JSONDecodeError, AttributeError):
-        return float("inf")
-
-
-def _on_any_rank(flag: bool) -> bool:
-    """True on every process if `flag` is true on at least one (a no-op without torch.distributed)."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    on_gpu = dist.get_backend() == "nccl"
-    value = torch.tensor(float(flag), device=torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu")
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
-
-
 def build_trainer(
     model: PreTrainedModel,
     tokenizer,
@@ -246,7 +136,7 @@ def build_trainer(
     """`TranslationTrainer` with the seq2seq collator (-100 label padding, decoder inputs from the model) and BLEU."""
     pad_multiple = 8 if (training_args.fp16 or training_args.bf16) else None
     collator = DataCollatorForSeq2Seq(
-        tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=pad_multiple
+        tokenizer, model=model, label_pad_token_id=IGNORE_INDEX, pad_to_multiple_of=pad_multiple
     )  # model= matters: with label smoothing the Trainer removes labels, so decoder_input_ids must be in the batch
     compute_metrics = build_compute_metrics(tokenizer) if training_args.predict_with_generate else None
     return TranslationTrainer(

@@ -18,8 +18,9 @@ from transformers import Seq2SeqTrainingArguments
 from transformers.utils import logging
 
 from ..inference import load_translation_model, translate
-from .data import DEFAULT_LOCALE_DIR, DataArguments, gettext_corpus, write_tsv
+from .data import DataArguments, write_tsv
 from .experiment import ModelArguments, run_training
+from .gettext_corpus import DEFAULT_LOCALE_DIR, gettext_corpus
 from .recipe import RecipeArguments
 from .tokenization import train_bpe_tokenizer
 
@@ -80,7 +81,7 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
 
     def lap(name: str, since: float) -> float:
         timings[name] = round(time.monotonic() - since, 1)
-        logger.warning(f"[main job] {name}: {timings[name]:.1f}s")
+        logger.info(f"[main job] {name}: {timings[name]:.1f}s")
         return time.monotonic()
 
     now = time.monotonic()

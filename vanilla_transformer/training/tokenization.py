@@ -19,6 +19,10 @@ PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)  # position in this tuple = token id
 SPECIAL_TOKEN_IDS = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
 DEFAULT_VOCAB_SIZE = 37000
+# A saved tokenizer: `save_pretrained` (transformers 5) writes the first two files; folders saved by older versions
+# also hold the special-tokens map, which is copied along where present.
+SAVED_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+TOKENIZER_FILES = (*SAVED_TOKENIZER_FILES, "special_tokens_map.json")
 
 
 def train_bpe_tokenizer(

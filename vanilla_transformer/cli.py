@@ -1,0 +1,341 @@
+"""The command lines: each `*_command(argv)` parses its arguments, runs, and returns what it made (for Python callers
+and tests); `scripts/<name>.py` calls it, and each `*_main` is the matching `vt-*` console script of pyproject.toml.
+
+Heavy imports (torch, datasets) happen after the arguments are parsed, so `--help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import inspect
+import json
+import logging as std_logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+MODEL_CARD_TEMPLATE = Path(__file__).resolve().parents[1] / "model_card.md"  # at the root of a checkout
+
+
+def _parser(command: Callable) -> argparse.ArgumentParser:
+    """An argument parser whose description is `command`'s docstring."""
+    return argparse.ArgumentParser(
+        description=inspect.cleandoc(command.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
+def train_command(argv: list[str] | None = None) -> dict[str, Any]:
+    """Train a vanilla Transformer for translation with the paper's recipe (§5) on Seq2SeqTrainer.
+
+    Runs unchanged on one CPU/GPU or under `accelerate launch scripts/train.py` (DDP, FSDP, DeepSpeed; see
+    docs/TRAINING.md):
+
+        vt-train --tokenizer_name out/tokenizer --output_dir out/model --preset small \\
+            --do_train --predict_with_generate --max_steps 2000
+
+    Arguments: model (--preset, --config_overrides, --model_name_or_path), data (--train_file, --dataset_name, ...;
+    the default is the gettext corpus of this machine), the recipe (--paper_recipe, --lr_schedule, --max_tokens,
+    --length_penalty) and every `Seq2SeqTrainingArguments` flag. A single JSON file with all of them also works.
+    """
+    from transformers import HfArgumentParser, Seq2SeqTrainingArguments
+
+    from .training.data import DataArguments
+    from .training.experiment import ModelArguments, run_training
+    from .training.recipe import RecipeArguments, check_precision_flags, explicit_flags
+
+    argv = sys.argv[1:] if argv is None else argv
+    parser = HfArgumentParser((ModelArguments, DataArguments, RecipeArguments, Seq2SeqTrainingArguments))
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        with open(argv[0]) as handle:
+            settings = json.load(handle)
+        check_precision_flags(
+            [f"--{name}={settings[name]}" for name in ("fp16", "bf16", "use_cpu") if name in settings]
+        )
+        model_args, data_args, recipe, training_args = parser.parse_json_file(argv[0])
+        explicit = set(settings)
+    else:
+        check_precision_flags(argv)
+        model_args, data_args, recipe, training_args = parser.parse_args_into_dataclasses(argv)
+        explicit = explicit_flags(argv)
+    results = run_training(model_args, data_args, training_args, recipe, explicit)
+    if training_args.process_index == 0:
+        print(json.dumps({k: v for k, v in results.items() if k.startswith("test_") or k == "train_loss"}, indent=2))
+    return results
+
+
+def train_tokenizer_command(argv: list[str] | None = None) -> Path:
+    """Train the joint source+target BPE tokenizer (paper §5.1: one ~37k vocabulary shared by both languages).
+
+    vt-train-tokenizer --output_dir out/tokenizer --vocab_size 8000            # gettext en→de
+    vt-train-tokenizer --train_file data/train.tsv --source_lang en --target_lang de --output_dir tok
+    """
+    from .training.gettext_corpus import DEFAULT_LOCALE_DIR
+    from .training.tokenization import DEFAULT_VOCAB_SIZE
+
+    parser = _parser(train_tokenizer_command)
+    parser.add_argument("--output_dir", required=True, help="Folder for tokenizer.json / tokenizer_config.json.")
+    parser.add_argument("--vocab_size", type=int, default=DEFAULT_VOCAB_SIZE)
+    parser.add_argument("--min_frequency", type=int, default=2)
+    parser.add_argument("--source_lang", default="en")
+    parser.add_argument("--target_lang", default="de")
+    parser.add_argument("--train_file", help="TSV/CSV/JSON lines or Moses prefix; default: the gettext corpus.")
+    parser.add_argument("--dataset_name", help="Hub dataset with a translation column (needs internet).")
+    parser.add_argument("--dataset_config_name")
+    parser.add_argument("--gettext_locale_dir", default=DEFAULT_LOCALE_DIR)
+    parser.add_argument("--gettext_min_pairs", type=int, default=1000)
+    parser.add_argument("--model_max_length", type=int, default=1024)
+    args = parser.parse_args(argv)
+
+    from .training.data import DataArguments, load_parallel_data
+    from .training.tokenization import train_bpe_tokenizer
+
+    data_args = DataArguments(
+        source_lang=args.source_lang, target_lang=args.target_lang, train_file=args.train_file,
+        dataset_name=args.dataset_name, dataset_config_name=args.dataset_config_name,
+        gettext_locale_dir=args.gettext_locale_dir, gettext_min_pairs=args.gettext_min_pairs,
+    )  # fmt: skip
+    train = load_parallel_data(data_args)["train"]  # the tokenizer never sees validation or test text
+
+    def texts():
+        for batch in train.iter(batch_size=1000):
+            yield from batch["source"]
+            yield from batch["target"]
+
+    tokenizer = train_bpe_tokenizer(
+        texts(), vocab_size=args.vocab_size, min_frequency=args.min_frequency,
+        model_max_length=args.model_max_length, show_progress=True,
+    )  # fmt: skip
+    tokenizer.save_pretrained(args.output_dir)
+    print(f"Saved a {len(tokenizer)}-token tokenizer ({len(train)} training pairs) to {args.output_dir}")
+    return Path(args.output_dir)
+
+
+def evaluate_command(argv: list[str] | None = None) -> dict[str, Any]:
+    """sacreBLEU and chrF of a model folder on a test file (TSV/CSV/JSON lines/Moses prefix), beam 4 by default.
+
+    vt-evaluate --model out/model --test_file ../shared/data/gettext-en-de/test.tsv
+    """
+    parser = _parser(evaluate_command)
+    parser.add_argument("--model", required=True, help="Model folder (vt-train --output_dir).")
+    parser.add_argument("--test_file", required=True)
+    parser.add_argument("--source_lang", default="en")
+    parser.add_argument("--target_lang", default="de")
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--num_beams", type=int, default=4)
+    parser.add_argument("--length_penalty", type=float, default=0.6)
+    parser.add_argument("--max_samples", type=int, help="Score only the first N pairs.")
+    parser.add_argument("--output_file", help="Also write the translations here.")
+    parser.add_argument("--device")
+    args = parser.parse_args(argv)
+
+    from .inference import evaluate_translations, load_translation_model
+    from .training.data import read_parallel_file
+
+    test = read_parallel_file(args.test_file, args.source_lang, args.target_lang)
+    if args.max_samples:
+        test = test.select(range(min(args.max_samples, len(test))))
+    model, tokenizer = load_translation_model(args.model, args.device)
+    scores, hypotheses = evaluate_translations(
+        model, tokenizer, test["source"], test["target"], batch_size=args.batch_size, num_beams=args.num_beams,
+        length_penalty=args.length_penalty,
+    )  # fmt: skip
+    if args.output_file:
+        Path(args.output_file).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    result = {"bleu": round(scores["bleu"], 2), "chrf": round(scores["chrf"], 2), "pairs": len(test)}
+    print(json.dumps(result))
+    return result
+
+
+def translate_command(argv: list[str] | None = None) -> list[str]:
+    """Translate a file (one sentence per line) or stdin with a trained model, in batches with beam search.
+
+    echo "File not found." | vt-translate --model out/model
+    vt-translate --model out/model --input_file news.en --output_file news.de --num_beams 4
+    """
+    parser = _parser(translate_command)
+    parser.add_argument("--model", required=True, help="Model folder (vt-train --output_dir).")
+    parser.add_argument("--input_file", help="Sentences to translate, one per line (default: stdin).")
+    parser.add_argument("--output_file", help="Where to write translations (default: stdout).")
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--num_beams", type=int, help="Beam size (default: the model's, 4 after paper training).")
+    parser.add_argument("--length_penalty", type=float, help="Default: the model's (0.6 after paper training).")
+    parser.add_argument("--max_length", type=int, help="Longest output in tokens (default: the model's).")
+    parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available).")
+    args = parser.parse_args(argv)
+
+    from .inference import load_translation_model, translate
+    from .training.data import read_text_file
+
+    if args.input_file:
+        if not Path(args.input_file).is_file():
+            parser.error(f"--input_file {args.input_file} does not exist")
+        lines = read_text_file(Path(args.input_file)).splitlines()  # a non-UTF-8 byte is an error naming the line
+    else:
+        lines = sys.stdin.read().splitlines()
+    model, tokenizer = load_translation_model(args.model, args.device)
+    translations = translate(
+        model, tokenizer, lines, batch_size=args.batch_size, num_beams=args.num_beams,
+        length_penalty=args.length_penalty, max_length=args.max_length,
+    )  # fmt: skip
+    text = "\n".join(translations) + ("\n" if translations else "")
+    if args.output_file:
+        Path(args.output_file).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return translations
+
+
+def average_checkpoints_command(argv: list[str] | None = None) -> Path:
+    """Average the last N checkpoints of a training run into a loadable model folder (paper §6.1: 5 for base, 20 for
+    big).
+
+        vt-average-checkpoints --run_dir out/model --num_checkpoints 5 --output_dir out/model-avg5
+    """
+    parser = _parser(average_checkpoints_command)
+    parser.add_argument("--run_dir", required=True, help="A vt-train --output_dir with checkpoint-* folders.")
+    parser.add_argument("--num_checkpoints", type=int, default=5)
+    parser.add_argument("--output_dir", required=True)
+    args = parser.parse_args(argv)
+
+    from .training.averaging import average_checkpoints, last_checkpoints
+
+    checkpoints = last_checkpoints(args.run_dir, args.num_checkpoints)
+    output = average_checkpoints(checkpoints, args.output_dir)
+    print(f"Averaged {', '.join(c.name for c in checkpoints)} into {output}")
+    return output
+
+
+def main_job_command(argv: list[str] | None = None) -> dict[str, Any]:
+    """The main job: harvest the English→German gettext corpus of this machine, train the tokenizer and a small
+    Transformer on the CPU within a time budget (default 20 minutes), report BLEU/chrF on the held-out split, save the
+    model and translate a few examples.
+
+        vt-main-job                          # everything, about 20 minutes
+        vt-main-job --time_budget_minutes 5  # a quicker, weaker run
+    """
+    from transformers import HfArgumentParser
+
+    from .training.main_job import MainJobArguments, run_main_job
+
+    (args,) = HfArgumentParser(MainJobArguments).parse_args_into_dataclasses(argv)
+    _show_package_progress()
+    summary = run_main_job(args)
+    print(json.dumps(summary, indent=2, ensure_ascii=False))
+    print(f"\nBLEU {summary['test_bleu']}  chrF {summary['test_chrf']}  on {summary['test_pairs']} held-out pairs; "
+          f"model in {summary['model_dir']}")  # fmt: skip
+    return summary
+
+
+def _show_package_progress() -> None:
+    """This package's INFO logs (each step of the job, corpus sizes, averaging) on stderr with the time of day;
+    transformers' own logs stay at WARNING, since the Trainer's INFO messages would bury them."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_warning()
+    package_logger = std_logging.getLogger(__name__.split(".")[0])
+    package_logger.setLevel(std_logging.INFO)
+    if not package_logger.handlers:
+        handler = std_logging.StreamHandler()
+        handler.setFormatter(std_logging.Formatter("[%(asctime)s] %(levelname)s %(message)s", datefmt="%H:%M:%S"))
+        package_logger.addHandler(handler)
+
+
+def convert_marian_command(argv: list[str] | None = None):
+    """Convert a MarianMT / OPUS-MT checkpoint (a folder or a Hub id) into a vanilla-transformer model folder, exactly.
+
+        vt-convert-marian --model Helsinki-NLP/opus-mt-en-de --output out/opus-mt-en-de
+
+    The folder holds the model (with its remote code), Marian's generation config and tokenizer files; it loads with
+    `AutoModelForSeq2SeqLM.from_pretrained`, fine-tunes with vt-train and exports with vt-export-onnx. The logic
+    lives in `vanilla_transformer.convert`.
+    """
+    parser = _parser(convert_marian_command)
+    parser.add_argument(
+        "--model", required=True, help="MarianMTModel folder or Hub id (e.g. Helsinki-NLP/opus-mt-en-de)"
+    )
+    parser.add_argument("--output", required=True, help="folder to write")
+    parser.add_argument("--no_verify", action="store_true", help="skip the logits comparison with MarianMTModel")
+    args = parser.parse_args(argv)
+
+    from .convert import save_converted
+
+    report = save_converted(args.model, args.output, verify=not args.no_verify)
+    print(report)
+    print(f"Saved to {args.output}")
+    return report
+
+
+def push_to_hub_command(argv: list[str] | None = None) -> int:
+    """Upload a trained model folder to the Hugging Face Hub with a filled-in model card.
+
+        vt-push-to-hub --model runs/demo --repo_id user/en-de-transformer [--onnx runs/demo-onnx]
+        vt-push-to-hub --model runs/demo --repo_id user/en-de-transformer --dry_run hub-folder
+
+    The token comes from HF_TOKEN or the login cache (`hf auth login`) and is never printed.
+    """
+    parser = _parser(push_to_hub_command)
+    parser.add_argument("--model", required=True, help="Saved model folder (model, tokenizer, metrics).")
+    parser.add_argument("--repo_id", required=True, help="Hub repository, 'user-or-org/name'.")
+    parser.add_argument("--private", action="store_true", help="Create the repository as private.")
+    parser.add_argument("--onnx", help="An ONNX export folder (vt-export-onnx) to upload under onnx/.")
+    parser.add_argument("--revision", help="Branch to upload to (created if missing).")
+    parser.add_argument("--commit_message", help="Commit message.")
+    parser.add_argument(
+        "--dry_run", metavar="OUT", help="Write the folder that would be uploaded to OUT; send nothing."
+    )
+    parser.add_argument(
+        "--template", default=str(MODEL_CARD_TEMPLATE), help="Model card template (default: model_card.md)."
+    )
+    parser.add_argument("--source_lang", help="Source language code for the card (default: from training_info.json).")
+    parser.add_argument("--target_lang", help="Target language code for the card (default: from training_info.json).")
+    parser.add_argument("--dataset", help="Training dataset name for the card (default: from training_info.json).")
+    parser.add_argument("--license", default="apache-2.0", help="License identifier for the card.")
+    args = parser.parse_args(argv)
+
+    from .hub import prepare_hub_folder, push_to_hub
+
+    card = dict(source_lang=args.source_lang, target_lang=args.target_lang, dataset=args.dataset, license=args.license)
+    try:
+        if args.dry_run:
+            files = prepare_hub_folder(args.model, args.dry_run, args.repo_id, args.template, args.onnx, **card)
+            print(f"Dry run: wrote {len(files)} files to {args.dry_run} (nothing sent):")
+            print("\n".join(f"  {name}" for name in files))
+        else:
+            url = push_to_hub(
+                args.model, args.repo_id, args.template, args.onnx, private=args.private, revision=args.revision,
+                commit_message=args.commit_message, **card,
+            )  # fmt: skip
+            print(f"Uploaded: {url}")
+    except (ValueError, FileNotFoundError, FileExistsError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Console scripts ([project.scripts] in pyproject.toml)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _console_script(command: Callable[[list[str] | None], Any]) -> Callable[[list[str] | None], int]:
+    """`command` as a console script: its exit status is the int it returns, else 0 (what it made is for Python
+    callers; the console-script wrapper passes a return value to `sys.exit`)."""
+
+    @functools.wraps(command)
+    def main(argv: list[str] | None = None) -> int:
+        result = command(argv)
+        return result if isinstance(result, int) else 0
+
+    return main
+
+
+train_main = _console_script(train_command)
+train_tokenizer_main = _console_script(train_tokenizer_command)
+evaluate_main = _console_script(evaluate_command)
+translate_main = _console_script(translate_command)
+average_checkpoints_main = _console_script(average_checkpoints_command)
+main_job_main = _console_script(main_job_command)
+convert_marian_main = _console_script(convert_marian_command)
+push_to_hub_main = _console_script(push_to_hub_command)
