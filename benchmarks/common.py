@@ -377,7 +377,6 @@ def onnx_available() -> bool:
     """True once this branch has the ONNX export and the onnxruntime translator."""
     try:
         import vanilla_transformer_ort  # noqa: F401
-
         from vanilla_transformer.export import onnx_export  # noqa: F401
     except ImportError:
         return False

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from vanilla_transformer_ort import OrtTranslator
 
 from benchmarks import common
 from benchmarks.onnx_speed import agreement, random_model, source_batch
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.export.onnx_export import export_model
+from vanilla_transformer_ort import OrtTranslator
 
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 

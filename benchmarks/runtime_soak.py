@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from vanilla_transformer_ort import OrtTranslator
 
 from benchmarks import common
+from vanilla_transformer_ort import OrtTranslator
 
 TARGET_GROWTH = 0.05
 BATCHES, BEAMS = (1, 2, 4, 8, 16), (1, 2, 4)

@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 import torch
 from huggingface_hub.errors import StrictDataclassFieldValidationError
-from vanilla_transformer_ort import OrtTranslator
 
 from tests.onnx_helpers import load_trained_model, trained_export_dir, trained_model_dir
 from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
@@ -29,6 +28,7 @@ from vanilla_transformer.training.data import read_parallel_file
 from vanilla_transformer.training.experiment import parse_config_overrides
 from vanilla_transformer.training.recipe import check_precision_flags
 from vanilla_transformer.training.trainer import resolve_resume_checkpoint
+from vanilla_transformer_ort import OrtTranslator
 
 ROOT = Path(__file__).resolve().parents[1]
 
