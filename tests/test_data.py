@@ -151,6 +151,30 @@ def test_gettext_corpus_is_clean_deduplicated_and_split_by_hash(tmp_path):
     assert again["test"]["source"] == dataset["test"]["source"]  # deterministic
 
 
+def test_heldout_catalogs_become_the_test_split_and_never_train(tmp_path):
+    locale = _tiny_locale(tmp_path, count=300)
+    ui = {f"Show toolbar {i}": f"Werkzeugleiste {i} anzeigen" for i in range(40)}
+    ui["Cannot open file number 5"] = "Datei 5 lässt sich nicht öffnen"  # also in alpha.mo: held out everywhere
+    write_mo(locale / "de" / "LC_MESSAGES" / "gtk20.mo", ui)
+    default = gettext_corpus("de", locale, min_pairs=10, valid_fraction=0.1, test_fraction=0.1)
+    held = gettext_corpus(
+        "de", locale, min_pairs=10, valid_fraction=0.1, test_fraction=0.1, heldout_catalogs=["desktop"]
+    )
+    assert set(held["test"]["source"]) == set(ui)  # the whole catalog, and nothing else
+    assert not set(ui) & (set(held["train"]["source"]) | set(held["validation"]["source"]))
+    for split in ("train", "validation"):  # the other catalogs' hash splits, minus the held-out sources
+        assert set(held[split]["source"]) == set(default[split]["source"]) - set(ui)
+    with pytest.raises(
+        ValueError, match=r"Held-out catalog 'nope' not found; available: \['alpha', 'beta', 'gtk20'\]"
+    ):
+        gettext_corpus("de", locale, min_pairs=10, heldout_catalogs=["nope"])
+    with pytest.raises(ValueError, match="'desktop' not found .no member of the set is installed"):
+        gettext_corpus("de", _tiny_locale(tmp_path / "other"), min_pairs=10, heldout_catalogs=["desktop"])
+    loaded = load_parallel_data(DataArguments(gettext_locale_dir=str(locale), gettext_min_pairs=10,
+                                              gettext_heldout_catalogs=["gtk20"]))  # fmt: skip
+    assert set(loaded["test"]["source"]) == set(ui)
+
+
 def test_gettext_errors_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match=r"No gettext catalogs for language 'xx'.*--train_file"):
         gettext_corpus("xx", tmp_path)

@@ -52,6 +52,13 @@ class DataArguments:
     gettext_min_pairs: int = field(
         default=1000, metadata={"help": "Fewest cleaned gettext pairs accepted before asking for other data."}
     )
+    gettext_heldout_catalogs: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Hold these gettext catalogs out whole (file stems, e.g. gtk20; `desktop` names the desktop "
+            "stack's interface catalogs): they become the test split, a text domain never trained on."
+        },
+    )
     tokenizer_name: str | None = field(
         default=None, metadata={"help": "Folder of a tokenizer from scripts/train_tokenizer.py (or a model folder)."}
     )
@@ -294,7 +301,10 @@ def load_parallel_data(args: DataArguments) -> DatasetDict:
                 f"The gettext default gives English→X pairs, but --source_lang is {args.source_lang!r}. "
                 "Use --source_lang en, or pass --train_file/--dataset_name."
             )
-        dataset = gettext_corpus(args.target_lang, args.gettext_locale_dir, min_pairs=args.gettext_min_pairs)
+        dataset = gettext_corpus(
+            args.target_lang, args.gettext_locale_dir, min_pairs=args.gettext_min_pairs,
+            heldout_catalogs=args.gettext_heldout_catalogs,
+        )  # fmt: skip
     if args.max_train_samples is not None:
         dataset["train"] = dataset["train"].select(range(min(args.max_train_samples, len(dataset["train"]))))
     for split, limit in (("validation", args.max_eval_samples), ("test", args.max_predict_samples)):

@@ -68,10 +68,19 @@ def split_of(source: str, valid_fraction: float = 0.02, test_fraction: float = 0
     return "train"
 
 
-def harvest_gettext_pairs(
+# The desktop stack's user-interface catalogs: menus, dialogs, settings and file types of GUI software. Held out whole
+# (`heldout_catalogs="desktop"`), they estimate how the model does on interface text from software it never saw.
+DESKTOP_CATALOGS = (
+    "PackageKit", "appstream", "at-spi2-core", "avahi", "gdk-pixbuf", "gsettings-desktop-schemas", "gtk20",
+    "polkit-1", "shared-mime-info", "software-properties", "xdg-user-dirs",
+)  # fmt: skip
+HELDOUT_CATALOG_SETS = {"desktop": DESKTOP_CATALOGS}
+
+
+def harvest_gettext_catalogs(
     target_lang: str, locale_dir: str | os.PathLike = DEFAULT_LOCALE_DIR
-) -> list[tuple[str, str]]:
-    """Raw English→`target_lang` pairs from every `<locale_dir>/<target_lang>/LC_MESSAGES/*.mo` (sorted by file)."""
+) -> list[tuple[str, list[tuple[str, str]]]]:
+    """(catalog name, raw pairs) for every `<locale_dir>/<target_lang>/LC_MESSAGES/*.mo`, sorted by file name."""
     messages_dir = Path(locale_dir) / target_lang / "LC_MESSAGES"
     catalogs = sorted(messages_dir.glob("*.mo")) if messages_dir.is_dir() else []
     if not catalogs:
@@ -80,14 +89,39 @@ def harvest_gettext_pairs(
             f"language's translations (e.g. Debian `locales-all` plus packages' -l10n), choose another --target_lang, "
             "or point the script at your own data with --train_file/--validation_file or --dataset_name."
         )
-    pairs = []
+    harvested = []
     for catalog in catalogs:
         try:
-            pairs.extend(read_mo_catalog(catalog))
+            harvested.append((catalog.stem, read_mo_catalog(catalog)))
         except (OSError, UnicodeDecodeError, LookupError) as error:
             logger.warning(f"Skipping unreadable catalog {catalog}: {error}")
-    logger.info(f"Read {len(pairs)} messages from {len(catalogs)} catalogs in {messages_dir}.")
-    return pairs
+    total = sum(len(pairs) for _, pairs in harvested)
+    logger.info(f"Read {total} messages from {len(catalogs)} catalogs in {messages_dir}.")
+    return harvested
+
+
+def harvest_gettext_pairs(
+    target_lang: str, locale_dir: str | os.PathLike = DEFAULT_LOCALE_DIR
+) -> list[tuple[str, str]]:
+    """Raw English→`target_lang` pairs from every `<locale_dir>/<target_lang>/LC_MESSAGES/*.mo` (sorted by file)."""
+    return [pair for _, pairs in harvest_gettext_catalogs(target_lang, locale_dir) for pair in pairs]
+
+
+def resolve_heldout_catalogs(names: Iterable[str], available: Iterable[str]) -> frozenset[str]:
+    """Catalog names (file stems such as `gtk20`) to hold out, with a named set such as `desktop` expanded to its
+    members installed here. A named catalog that is not installed, or a set with no member installed, is an error."""
+    available = set(available)
+    resolved: set[str] = set()
+    for name in names:
+        members = HELDOUT_CATALOG_SETS.get(name)
+        found = set(members or (name,)) & available
+        if not found:
+            raise ValueError(
+                f"Held-out catalog {name!r} not found{' (no member of the set is installed)' if members else ''}; "
+                f"available: {sorted(available)}."
+            )
+        resolved |= found
+    return frozenset(resolved)
 
 
 def gettext_corpus(
@@ -96,24 +130,44 @@ def gettext_corpus(
     min_pairs: int = 1000,
     valid_fraction: float = 0.02,
     test_fraction: float = 0.02,
+    heldout_catalogs: Iterable[str] = (),
 ) -> DatasetDict:
-    """The embedded default corpus: cleaned, de-duplicated English→`target_lang` gettext pairs split by hash."""
-    pairs = clean_pairs(harvest_gettext_pairs(target_lang, locale_dir))
+    """The embedded default corpus: cleaned, de-duplicated English→`target_lang` gettext pairs split by hash.
+
+    With `heldout_catalogs` (catalog names, or `"desktop"` for `DESKTOP_CATALOGS`), the test split is instead every
+    pair of those catalogs, a whole text domain the model never trains on, and any source sentence they contain is
+    kept out of train and validation. Train and validation are the hash splits of the other catalogs, unchanged, and
+    the pairs hashed to the usual test split are left out, so that train is the default's train minus those catalogs.
+    """
+    harvested = harvest_gettext_catalogs(target_lang, locale_dir)
+    heldout = resolve_heldout_catalogs(heldout_catalogs, (name for name, _ in harvested))
+    pairs = clean_pairs(pair for _, catalog_pairs in harvested for pair in catalog_pairs)
     if len(pairs) < min_pairs:
         raise ValueError(
             f"Only {len(pairs)} clean English→{target_lang} pairs were found in the gettext catalogs under "
             f"{locale_dir} (at least {min_pairs} needed). Point the script at other data with "
             "--train_file/--validation_file/--test_file or --dataset_name, or lower --gettext_min_pairs."
         )
+    heldout_sources = {
+        fold_whitespace(source) for name, catalog_pairs in harvested if name in heldout for source, _ in catalog_pairs
+    }
     columns = {split: {"source": [], "target": []} for split in SPLITS}
     for source, target in pairs:
         split = split_of(source, valid_fraction, test_fraction)
+        if heldout:
+            if source in heldout_sources:
+                split = "test"
+            elif split == "test":
+                continue
         columns[split]["source"].append(source)
         columns[split]["target"].append(target)
     for split in SPLITS:
         if not columns[split]["source"]:
             raise ValueError(f"The gettext corpus has no {split} pair ({len(pairs)} pairs in all); add data.")
     logger.info(
-        "gettext corpus: " + ", ".join(f"{split} {len(columns[split]['source'])}" for split in SPLITS) + " pairs."
+        "gettext corpus: "
+        + ", ".join(f"{split} {len(columns[split]['source'])}" for split in SPLITS)
+        + " pairs"
+        + (f" (test: the held-out catalogs {', '.join(sorted(heldout))})." if heldout else ".")
     )
     return DatasetDict({split: Dataset.from_dict(columns[split]) for split in SPLITS})
