@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 from vanilla_transformer_ort import OrtTranslator  # noqa: E402
-from vanilla_transformer_ort.runtime import session_options  # noqa: E402
+from vanilla_transformer_ort.sessions import session_options  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402

@@ -406,7 +406,7 @@ def test_opus_mt_en_de_translates_like_marian(tmp_path):
 
 
 def test_runtime_reads_marian_generation_settings(tmp_path):
-    from vanilla_transformer_ort.runtime import settings_from_folder
+    from vanilla_transformer_ort.translator import settings_from_folder
 
     (tmp_path / "config.json").write_text(json.dumps({"decoder_start_token_id": 9, "eos_token_id": 0}))
     generation = {"bad_words_ids": [[9], [0]], "renormalize_logits": True, "pad_token_id": 9}

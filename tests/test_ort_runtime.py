@@ -12,9 +12,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from vanilla_transformer_ort import OrtTranslator
 
 from tests.onnx_helpers import SENTENCES, build_tokenizer, load_trained_model, trained_export_dir
-from vanilla_transformer_ort import OrtTranslator
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,7 +81,6 @@ def test_beam4_is_token_identical_to_generate(model, translator, batch, options)
 def test_search_helpers_match_transformers():
     """Top-k order and the min-length / forced-EOS processors against transformers' own implementations."""
     from transformers.generation.logits_process import ForcedEOSTokenLogitsProcessor, MinNewTokensLengthLogitsProcessor
-
     from vanilla_transformer_ort.search import GenerationSettings, process_scores, top_k
 
     scores = np.random.default_rng(0).standard_normal((3, 50)).astype(np.float32)
@@ -242,7 +241,7 @@ def test_bad_provider_names_the_problem():
 
 
 def test_session_options_reach_onnxruntime(model, batch):
-    from vanilla_transformer_ort.runtime import session_options
+    from vanilla_transformer_ort.sessions import session_options
 
     options = session_options(2, config_entries={"session.intra_op.allow_spinning": "0"})
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
@@ -262,8 +261,8 @@ def test_session_options_reach_onnxruntime(model, batch):
 def _optimized_ops(tmp_path: Path, disabled_optimizers) -> list:
     """The decoder graph as onnxruntime's CPU session optimizes it (written out with `optimized_model_filepath`)."""
     import onnx
-
-    from vanilla_transformer_ort.runtime import DECODER_FILE, create_session, session_options
+    from vanilla_transformer_ort.contract import DECODER_FILE
+    from vanilla_transformer_ort.sessions import create_session, session_options
 
     options = session_options(1)
     options.optimized_model_filepath = str(tmp_path / f"optimized-{len(disabled_optimizers or ())}.onnx")

@@ -124,7 +124,7 @@ def validate_export(model: nn.Module, output_dir: str | os.PathLike, grid: list[
 
     Returns a dict with `encoder` (hidden state and cross K/V), `logits`, `present` and per-case rows.
     """
-    from vanilla_transformer_ort.runtime import create_session, session_options
+    from vanilla_transformer_ort.sessions import create_session, session_options
 
     model = model.eval()
     config = model.config
