@@ -32,7 +32,7 @@ from benchmarks import common
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.export.onnx_export import export_model
 from vanilla_transformer_ort import OrtTranslator
-from vanilla_transformer_ort.runtime import session_options
+from vanilla_transformer_ort.sessions import session_options
 
 CASES = [("greedy", 1, 1), ("beam 4", 4, 16)]  # (name, num_beams, batch)
 TARGETS = {"fp32": 2.0, "int8": 4.0}

@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerFast
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.export.onnx_export import export_model
+from vanilla_transformer.export.onnx_validation import validate_folder
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3, the model's pad / bos+decoder start / eos / unk
 WORDS = list(string.ascii_lowercase) + list("0123456")  # 33 words: vocab 37
@@ -100,9 +101,10 @@ def trained_model_dir() -> Path:
 
 @functools.cache
 def trained_export_dir() -> Path:
-    """fp32 export (validated on the shape grid during export) of `trained_model_dir()`."""
+    """fp32 export of `trained_model_dir()`, validated on the shape grid (figures in its manifest)."""
     path = _temporary_dir() / "onnx"
-    export_model(trained_model_dir(), path, validate=True)
+    export_model(trained_model_dir(), path)
+    validate_folder(trained_model_dir(), path)
     return path
 
 

@@ -14,21 +14,20 @@ import pytest
 import torch
 
 from tests.onnx_helpers import CONFIG, load_trained_model, trained_export_dir, trained_model_dir
-from vanilla_transformer.export.onnx_export import (
+from vanilla_transformer.export.onnx_export import export_model
+from vanilla_transformer.export.onnx_helper_graphs import write_beam_scores_graph
+from vanilla_transformer.export.onnx_validation import FP32_TOLERANCE, GridCase, validate_export, validation_grid
+from vanilla_transformer.export.onnx_variants import optimize_variant
+from vanilla_transformer_ort.contract import (
     BEAM_SCORES_FILE,
     DECODER_FILE,
     ENCODER_FILE,
-    FP32_TOLERANCE,
     MANIFEST_FILE,
     REORDER_FILE,
     decoder_input_names,
     decoder_output_names,
     encoder_output_names,
-    export_model,
-    optimize_variant,
-    write_beam_scores_graph,
 )
-from vanilla_transformer.export.onnx_validation import GridCase, validate_export, validation_grid
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = CONFIG["decoder_layers"]
@@ -265,7 +264,7 @@ def test_untie_output_projection_replaces_the_transposed_table(tmp_path):
     MatMul a pre-transposed copy and drop the Transpose, with unchanged outputs."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from vanilla_transformer.export.onnx_export import untie_output_projection
+    from vanilla_transformer.export.onnx_variants import untie_output_projection
 
     table = np.random.default_rng(0).standard_normal((11, 6)).astype(np.float32)  # (vocab, d_model)
     nodes = [
@@ -327,3 +326,13 @@ def test_cli_int8_export_end_to_end(tmp_path):
     assert "max |onnxruntime - PyTorch| fp32" in result.stdout and "MiB" in result.stdout
     manifest = json.loads((output / MANIFEST_FILE).read_text())
     assert manifest["quantization"] == "int8-dynamic"
+
+
+def test_folder_assembly_does_not_import_validation():
+    """Validation is a separate last step: the assembly module never imports it (no import circle)."""
+    code = (
+        "import sys, vanilla_transformer.export.onnx_export\n"
+        "assert 'vanilla_transformer.export.onnx_validation' not in sys.modules, sorted(sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -242,7 +242,7 @@ def test_bad_provider_names_the_problem():
 
 
 def test_session_options_reach_onnxruntime(model, batch):
-    from vanilla_transformer_ort.runtime import session_options
+    from vanilla_transformer_ort.sessions import session_options
 
     options = session_options(2, config_entries={"session.intra_op.allow_spinning": "0"})
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
@@ -263,7 +263,8 @@ def _optimized_ops(tmp_path: Path, disabled_optimizers) -> list:
     """The decoder graph as onnxruntime's CPU session optimizes it (written out with `optimized_model_filepath`)."""
     import onnx
 
-    from vanilla_transformer_ort.runtime import DECODER_FILE, create_session, session_options
+    from vanilla_transformer_ort.contract import DECODER_FILE
+    from vanilla_transformer_ort.sessions import create_session, session_options
 
     options = session_options(1)
     options.optimized_model_filepath = str(tmp_path / f"optimized-{len(disabled_optimizers or ())}.onnx")

@@ -3,8 +3,9 @@
 A separate top-level package on purpose: `import vanilla_transformer` imports torch, this one never does.
 """
 
-from .runtime import OrtTranslator, resolve_provider, settings_from_folder
 from .search import GenerationSettings, beam_search, greedy_search
+from .sessions import resolve_provider
+from .translator import OrtTranslator, settings_from_folder
 
 __all__ = [
     "GenerationSettings",

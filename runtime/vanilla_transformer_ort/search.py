@@ -6,32 +6,30 @@ The decoder is abstracted as a `DecoderState`: `step(last_tokens)` returns next-
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
-
-logger = logging.getLogger(__name__)
 
 # transformers' "minus infinity" for beam bookkeeping (a finite constant, kept as is to reproduce its arithmetic).
 LARGE_NEGATIVE = np.float32(-1.0e9)
 
 
 class DecoderState(Protocol):
-    """One decoding run's cache. A state may also offer `step_top_k` (see `ScoringDecoderState`)."""
+    """One decoding run's cache, as the searches below drive it.
+
+    `vocab_size` is the width of the logits. `ranks_candidates` says whether `step_top_k` is available (the exported
+    `beam_scores.onnx` ranks a beam step's candidates in onnxruntime, next to the logits); when it is False, beam
+    search calls `step` and ranks in numpy.
+    """
+
+    vocab_size: int
+
+    @property
+    def ranks_candidates(self) -> bool: ...
 
     def step(self, last_tokens: np.ndarray) -> np.ndarray:
         """(rows, 1) int64 -> (rows, vocab) float32 logits of the next token."""
-
-    def reorder(self, rows: np.ndarray) -> None:
-        """Keep cache rows `rows` (int64, length rows) in that order."""
-
-
-class ScoringDecoderState(DecoderState, Protocol):
-    """A state that also ranks a beam-search step's candidates itself (in onnxruntime, next to the logits)."""
-
-    vocab_size: int
 
     def step_top_k(
         self, last_tokens: np.ndarray, running_scores: np.ndarray, bias: np.ndarray, batch_size: int, k: int
@@ -39,6 +37,9 @@ class ScoringDecoderState(DecoderState, Protocol):
         """Advance like `step`; return the k largest of `log_softmax(logits) + bias + running_scores` per sentence
         over its num_beams x vocab candidates, descending, ties to the lower index: values (batch, k) float32 and
         flat indices (batch, k) int64. `running_scores` is (rows, 1), `bias` (vocab,)."""
+
+    def reorder(self, rows: np.ndarray) -> None:
+        """Keep cache rows `rows` (int64, length rows) in that order."""
 
 
 @dataclass
@@ -200,8 +201,8 @@ def _gather(array: np.ndarray, indices: np.ndarray) -> np.ndarray:
 def beam_search(state: DecoderState, batch_size: int, settings: GenerationSettings) -> np.ndarray:
     """Beam search returning the best hypothesis per row: (batch, 1 + longest) int64, like `generate()`.
 
-    `state` must hold batch * num_beams rows (each source repeated num_beams times, adjacent). A state with
-    `step_top_k` ranks the candidates itself (the exported `beam_scores.onnx`); otherwise numpy does.
+    `state` must hold batch * num_beams rows (each source repeated num_beams times, adjacent). A state that
+    `ranks_candidates` ranks them itself with `step_top_k` (the exported `beam_scores.onnx`); otherwise numpy does.
     """
     num_beams = settings.num_beams
     max_length = settings.max_new_tokens + 1
@@ -227,7 +228,7 @@ def beam_search(state: DecoderState, batch_size: int, settings: GenerationSettin
     while True:
         last = running[:, :, cur_len - 1].reshape(-1, 1)
         # a-b. log-probabilities, logit processors, plus the running scores; the top 2 x num_beams per sentence
-        bias = score_bias(cur_len, settings, state.vocab_size) if hasattr(state, "step_top_k") else None
+        bias = score_bias(cur_len, settings, state.vocab_size) if state.ranks_candidates else None
         if bias is not None:
             vocab = state.vocab_size
             running_column = running_scores.reshape(-1, 1)

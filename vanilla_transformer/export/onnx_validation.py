@@ -1,4 +1,5 @@
-"""Validation of an ONNX export against PyTorch on a grid of shapes (batch, lengths, past, padding).
+"""Validation of an ONNX export against PyTorch on a grid of shapes (batch, lengths, past, padding): the last step
+after `onnx_export.export_model`, which never calls it.
 
 The oracle is the model's own encoder and cached decoder; the checked path is the deployed one: the encoder graph,
 then the decoder graph fed the oracle's past. fp16 and int8 graphs run through the same code (fp16 I/O handled).
@@ -6,7 +7,9 @@ then the decoder graph fed the oracle's past. fp16 and int8 graphs run through t
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +18,26 @@ import torch
 from torch import nn
 from transformers import DynamicCache, EncoderDecoderCache
 
-from .onnx_export import DECODER_FILE, ENCODER_FILE
+from vanilla_transformer_ort.contract import (
+    ATTENTION_MASK,
+    DECODER_FILE,
+    ENCODER_ATTENTION_MASK,
+    ENCODER_FILE,
+    INPUT_IDS,
+    LAST_HIDDEN_STATE,
+    LOGITS,
+    MANIFEST_FILE,
+    PAST_PREFIX,
+    PRESENT_PREFIX,
+    cache_names,
+    is_self_attention,
+    past_name,
+)
+from vanilla_transformer_ort.sessions import create_session, session_options
+
+from .onnx_graphs import export_graphs
+
+FP32_TOLERANCE = 1e-4
 
 
 @dataclass(frozen=True)
@@ -79,18 +101,15 @@ def _reference(model: nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, n
     logits = model.lm_head(outputs.last_hidden_state)  # (batch, tgt_len, vocab)
     if getattr(model, "final_logits_bias", None) is not None:
         logits = logits + model.final_logits_bias
-    result = {"last_hidden_state": encoder_states.numpy(), "logits": logits.numpy()}
+    result = {LAST_HIDDEN_STATE: encoder_states.numpy(), LOGITS: logits.numpy()}
+    presents = []  # in `cache_names` order: per layer self-attention key, value, cross-attention key, value
     for i in range(config.decoder_layers):
-        cross = outputs.cache.cross_attention_cache.layers[i]
-        own = outputs.cache.self_attention_cache.layers[i]
-        result[f"present.{i}.encoder.key"], result[f"present.{i}.encoder.value"] = (
-            cross.keys.numpy(),
-            cross.values.numpy(),
-        )
-        result[f"present.{i}.decoder.key"], result[f"present.{i}.decoder.value"] = own.keys.numpy(), own.values.numpy()
-        if past:
-            result[f"past_key_values.{i}.decoder.key"] = past[2 * i]
-            result[f"past_key_values.{i}.decoder.value"] = past[2 * i + 1]
+        own, cross = outputs.cache.self_attention_cache.layers[i], outputs.cache.cross_attention_cache.layers[i]
+        presents += [own.keys.numpy(), own.values.numpy(), cross.keys.numpy(), cross.values.numpy()]
+    result.update(zip(cache_names(config.decoder_layers, PRESENT_PREFIX), presents, strict=True))
+    if past:
+        past_names = [n for n in cache_names(config.decoder_layers, PAST_PREFIX) if is_self_attention(n)]
+        result.update(zip(past_names, past, strict=True))
     return result
 
 
@@ -102,19 +121,18 @@ def _float_type(session, name: str) -> type:
 def _run_onnx(encoder, decoder, config, inputs: dict[str, torch.Tensor], reference: dict) -> dict[str, np.ndarray]:
     """The deployed path: encoder graph once, then the decoder graph on the reference past."""
     enc_names = [o.name for o in encoder.get_outputs()]
-    enc_feed = {k: inputs[k].numpy() for k in ("input_ids", "attention_mask")}
+    enc_feed = {INPUT_IDS: inputs["input_ids"].numpy(), ATTENTION_MASK: inputs["attention_mask"].numpy()}
     enc_out = dict(zip(enc_names, encoder.run(None, enc_feed), strict=True))
     heads = config.decoder_attention_heads
     d_head = config.d_model // heads
     batch, past_len = inputs["prefix"].shape
-    feed = {"input_ids": inputs["new_ids"].numpy(), "encoder_attention_mask": inputs["attention_mask"].numpy()}
-    for i in range(config.decoder_layers):
-        for kind in ("key", "value"):
-            name = f"past_key_values.{i}.decoder.{kind}"
+    feed = {INPUT_IDS: inputs["new_ids"].numpy(), ENCODER_ATTENTION_MASK: inputs["attention_mask"].numpy()}
+    feed.update((past_name(name), value) for name, value in enc_out.items() if name != LAST_HIDDEN_STATE)
+    for name in cache_names(config.decoder_layers, PAST_PREFIX):
+        if is_self_attention(name):
             dtype = _float_type(decoder, name)
             empty = np.zeros((batch, heads, 0, d_head), dtype=dtype)
             feed[name] = reference[name].astype(dtype) if past_len else empty
-            feed[f"past_key_values.{i}.encoder.{kind}"] = enc_out[f"present.{i}.encoder.{kind}"]
     dec_names = [o.name for o in decoder.get_outputs()]
     return {**enc_out, **dict(zip(dec_names, decoder.run(None, feed), strict=True))}
 
@@ -124,8 +142,6 @@ def validate_export(model: nn.Module, output_dir: str | os.PathLike, grid: list[
 
     Returns a dict with `encoder` (hidden state and cross K/V), `logits`, `present` and per-case rows.
     """
-    from vanilla_transformer_ort.runtime import create_session, session_options
-
     model = model.eval()
     config = model.config
     grid = grid or validation_grid(config.max_position_embeddings)
@@ -145,9 +161,47 @@ def validate_export(model: nn.Module, output_dir: str | os.PathLike, grid: list[
             if not np.all(np.isfinite(got)):
                 raise ValueError(f"ONNX output {name!r} has non-finite values for {case}")
             diff = float(np.max(np.abs(got - reference[name]))) if got.size else 0.0
-            kind = "logits" if name == "logits" else "present" if ".decoder." in name else "encoder"
+            kind = "logits" if name == LOGITS else "present" if is_self_attention(name) else "encoder"
             row[kind] = max(row[kind], diff)
         for kind in ("encoder", "logits", "present"):
             summary[kind] = max(summary[kind], row[kind])
         summary["cases"].append({**case.__dict__, **row})
     return summary
+
+
+def validate_folder(
+    model_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    *,
+    tolerance: float = FP32_TOLERANCE,
+    grid: list[GridCase] | None = None,
+) -> dict:
+    """Compare an export folder with the PyTorch model it came from; record the figures in its manifest.
+
+    The fp32 graphs must stay within `tolerance` (a `ValueError` otherwise). For an fp16 or int8 folder the fp32
+    graphs it was made from are rebuilt in a temporary folder and held to `tolerance`; the variant's own differences
+    are reported, not bounded. Returns the manifest with `validation` (max abs differences per variant) and
+    `validation_cases` (per grid case) added.
+    """
+    from ..inference import load_model_folder
+
+    output_dir = Path(output_dir)
+    manifest = json.loads((output_dir / MANIFEST_FILE).read_text())
+    model = load_model_folder(Path(model_dir), dtype=torch.float32).eval()
+    variant = "int8" if manifest["quantization"] else manifest["dtype"]
+    report: dict = {}
+    if variant == "fp32":
+        report["fp32"] = validate_export(model, output_dir, grid)
+    else:
+        with tempfile.TemporaryDirectory(prefix="fp32-", dir=output_dir.parent) as fp32_dir:
+            export_graphs(model, fp32_dir, opset=manifest["opset"])
+            report["fp32"] = validate_export(model, fp32_dir, grid)
+    worst = max(report["fp32"]["encoder"], report["fp32"]["logits"], report["fp32"]["present"])
+    if worst > tolerance:
+        raise ValueError(f"fp32 export differs from PyTorch by {worst:.3g} > tolerance {tolerance:g}")
+    if variant != "fp32":
+        report[variant] = validate_export(model, output_dir, grid)
+    manifest["validation"] = {k: {kk: vv for kk, vv in v.items() if kk != "cases"} for k, v in report.items()}
+    manifest["validation_cases"] = {k: v["cases"] for k, v in report.items()}
+    (output_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest

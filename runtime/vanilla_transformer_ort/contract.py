@@ -1,0 +1,88 @@
+"""The export folder's contract, defined once: file names, graph input/output names and the helper graphs' I/O.
+
+The exporter (`vanilla_transformer.export`) writes folders by these names and this runtime reads them; stdlib only,
+so the runtime stays torch-free. Names follow optimum's convention; export/README.md shows every graph's shapes.
+"""
+
+from __future__ import annotations
+
+# Files of an export folder.
+ENCODER_FILE = "encoder_model.onnx"
+DECODER_FILE = "decoder_model.onnx"
+REORDER_FILE = "cache_reorder.onnx"  # optional helper graph: beam reordering where the cache lives
+BEAM_SCORES_FILE = "beam_scores.onnx"  # optional helper graph: a beam step's log-softmax and top k in onnxruntime
+GRAPH_FILES = (ENCODER_FILE, DECODER_FILE, REORDER_FILE, BEAM_SCORES_FILE)
+MANIFEST_FILE = "manifest.json"
+CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+TOKENIZER_FILE = "tokenizer.json"
+MANIFEST_FORMAT = "vanilla-transformer-onnx"
+MANIFEST_FORMAT_VERSION = 1
+
+# Symbolic dimensions of the encoder and decoder graphs.
+BATCH_DIM = "batch_size"
+SOURCE_DIM = "encoder_sequence_length"
+TARGET_DIM = "decoder_sequence_length"
+PAST_DIM = "past_sequence_length"
+
+# Encoder graph: ids and mask in; the hidden states, then every decoder layer's cross-attention K/V, out.
+INPUT_IDS = "input_ids"
+ATTENTION_MASK = "attention_mask"  # 1 = token, 0 = padding
+LAST_HIDDEN_STATE = "last_hidden_state"
+ENCODER_INPUTS = (INPUT_IDS, ATTENTION_MASK)
+
+# Decoder graph: the new tokens, the source mask and the cache in; the logits and the grown self-attention cache out.
+ENCODER_ATTENTION_MASK = "encoder_attention_mask"
+LOGITS = "logits"
+PAST_PREFIX = "past_key_values"
+PRESENT_PREFIX = "present"
+
+# cache_reorder.onnx: `beam_idx` and every past self-attention K/V in, `reordered.{i}.decoder.{key,value}` out.
+REORDER_INDEX = "beam_idx"
+REORDERED_PREFIX = "reordered"
+
+# beam_scores.onnx: the decoder's logits, the running beam scores (rows, 1), an additive bias (vocab,) and the
+# (batch, -1) shape and k, in; the k best `log_softmax(last logits) + bias + running_scores` per sentence out.
+BEAM_SCORES_INPUTS = (LOGITS, "running_scores", "bias", "scores_shape", "k")
+BEAM_SCORES_OUTPUTS = ("values", "indices")
+
+
+def cache_names(num_layers: int, prefix: str) -> list[str]:
+    """Flat KV names in optimum's order: per layer decoder.key, decoder.value, encoder.key, encoder.value."""
+    return [
+        f"{prefix}.{i}.{part}.{kind}"
+        for i in range(num_layers)
+        for part in ("decoder", "encoder")
+        for kind in ("key", "value")
+    ]
+
+
+def is_self_attention(name: str) -> bool:
+    """Whether a cache name is a self-attention key/value (`*.{i}.decoder.*`; the cross-attention ones hold
+    `.encoder.`)."""
+    return ".decoder." in name
+
+
+def encoder_output_names(num_layers: int) -> list[str]:
+    """`last_hidden_state`, then `present.{i}.encoder.key/value` for every decoder layer."""
+    return [LAST_HIDDEN_STATE] + [n for n in cache_names(num_layers, PRESENT_PREFIX) if not is_self_attention(n)]
+
+
+def decoder_input_names(num_layers: int) -> list[str]:
+    """`input_ids`, `encoder_attention_mask`, then all `past_key_values.{i}.{decoder,encoder}.{key,value}`."""
+    return [INPUT_IDS, ENCODER_ATTENTION_MASK] + cache_names(num_layers, PAST_PREFIX)
+
+
+def decoder_output_names(num_layers: int) -> list[str]:
+    """`logits`, then `present.{i}.decoder.key/value` (the self-attention cache grown by the new tokens)."""
+    return [LOGITS] + [n for n in cache_names(num_layers, PRESENT_PREFIX) if is_self_attention(n)]
+
+
+def past_name(present: str) -> str:
+    """The input a `present.*` output feeds on the next step: `present.{i}.…` -> `past_key_values.{i}.…`."""
+    return present.replace(f"{PRESENT_PREFIX}.", f"{PAST_PREFIX}.", 1)
+
+
+def reordered_name(past: str) -> str:
+    """`cache_reorder.onnx`'s output for a cache input: `past_key_values.{i}.…` -> `reordered.{i}.…`."""
+    return past.replace(f"{PAST_PREFIX}.", f"{REORDERED_PREFIX}.", 1)

@@ -1,0 +1,185 @@
+"""The decoder's past cache between steps: as numpy arrays (`NumpyState`) or on the device (`BoundState`).
+
+Both implement `search.DecoderState`: `step` runs the decoder graph once and keeps its `present.*` outputs as the next
+step's `past_key_values.*`; `reorder` follows the surviving beams; with the `beam_scores.onnx` helper session,
+`step_top_k` also ranks a beam step's candidates in onnxruntime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .contract import (
+    BEAM_SCORES_INPUTS,
+    BEAM_SCORES_OUTPUTS,
+    ENCODER_ATTENTION_MASK,
+    INPUT_IDS,
+    LOGITS,
+    REORDER_INDEX,
+    past_name,
+    reordered_name,
+)
+
+
+def scores_feed(running_scores: np.ndarray, bias: np.ndarray, batch_size: int, k: int) -> dict[str, np.ndarray]:
+    """The `beam_scores.onnx` inputs besides the logits."""
+    values = (
+        np.ascontiguousarray(running_scores, dtype=np.float32),
+        bias,
+        np.array([batch_size, -1], dtype=np.int64),
+        np.array([k], dtype=np.int64),
+    )
+    return dict(zip(BEAM_SCORES_INPUTS[1:], values, strict=True))
+
+
+class CacheState:
+    """What both cache holders share: the decoder session, the logits' width and the optional ranking session.
+
+    `ranks_candidates` is True when a `scorer` session (`beam_scores.onnx`) was given; only then may beam search call
+    `step_top_k`. Without it (folders exported before that helper) beam search ranks in numpy.
+    """
+
+    def __init__(self, session, vocab_size: int, scorer=None):
+        self.session, self.vocab_size, self.scorer = session, vocab_size, scorer
+        self.output_names = [o.name for o in session.get_outputs()]  # logits, then present.{i}.decoder.*
+
+    @property
+    def ranks_candidates(self) -> bool:
+        return self.scorer is not None
+
+    def _require_scorer(self) -> None:
+        if self.scorer is None:
+            raise RuntimeError("step_top_k needs the beam_scores.onnx session; check ranks_candidates first")
+
+
+class NumpyState(CacheState):
+    """Decoder cache held as numpy arrays; the runtime feeds them every step (CPU provider)."""
+
+    def __init__(
+        self,
+        session,
+        cross: dict[str, np.ndarray],
+        mask: np.ndarray,
+        past: dict[str, np.ndarray],
+        vocab_size: int,
+        scorer=None,
+    ):
+        super().__init__(session, vocab_size, scorer)
+        self.cross, self.mask, self.past = cross, mask, past
+
+    def _run(self, last_tokens: np.ndarray) -> np.ndarray:
+        """One decoder step; keeps the presents as the next past and returns the logits (rows, new_tokens, vocab)."""
+        feed = {INPUT_IDS: last_tokens, ENCODER_ATTENTION_MASK: self.mask, **self.cross, **self.past}
+        outputs = dict(zip(self.output_names, self.session.run(None, feed), strict=True))
+        self.past = {past_name(name): value for name, value in outputs.items() if name != LOGITS}
+        return outputs[LOGITS]
+
+    def step(self, last_tokens: np.ndarray) -> np.ndarray:
+        return np.asarray(self._run(last_tokens)[:, -1, :], dtype=np.float32)  # (rows, vocab), a view for fp32
+
+    def step_top_k(
+        self, last_tokens: np.ndarray, running_scores: np.ndarray, bias: np.ndarray, batch_size: int, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        self._require_scorer()
+        feed = {LOGITS: self._run(last_tokens), **scores_feed(running_scores, bias, batch_size, k)}
+        values, indices = self.scorer.run(None, feed)
+        return values, indices
+
+    def reorder(self, rows: np.ndarray) -> None:
+        """Keep cache rows `rows`, in place: only rows whose beam changed are copied.
+
+        The cache arrays are the decoder's own outputs, so they can be overwritten. A gather into fresh arrays copied
+        the whole cache twice per step, into memory the OS had to page in each time: at beam 4, batch 16 and base
+        size that cost a third of the decoder run.
+        """
+        changed = np.flatnonzero(rows != np.arange(rows.shape[0]))
+        if changed.size == 0:
+            return
+        sources = rows[changed]
+        for value in self.past.values():
+            value[changed] = value[sources]  # the right side is gathered first, so overlapping rows are safe
+
+
+class BoundState(CacheState):
+    """Decoder cache kept on the device through I/O binding: presents of one step are the next step's past.
+
+    Greedy steps bring the logits back to the host. With a `scorer` (`beam_scores.onnx`), beam steps keep the logits
+    on the device too and only the top k candidates come back. Beam reordering runs the `cache_reorder.onnx` helper
+    graph on the same device; without it (older export folders) the cache rows are gathered on the host instead.
+    """
+
+    def __init__(
+        self,
+        session,
+        cross: dict,
+        mask: np.ndarray,
+        past: dict,
+        device: str,
+        vocab_size: int,
+        reorder_session=None,
+        scorer=None,
+    ):
+        import onnxruntime as ort
+
+        super().__init__(session, vocab_size, scorer)
+        self.ort, self.device, self.reorder_session = ort, device, reorder_session
+        self.binding = session.io_binding()
+        self.past_names = [past_name(name) for name in self.output_names[1:]]
+        self.on_device = {name: self._upload(value) for name, value in {**cross, **past}.items()}
+        self.on_device[ENCODER_ATTENTION_MASK] = self._upload(mask)
+
+    def _upload(self, array: np.ndarray):
+        return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device, 0)
+
+    def _run(self, last_tokens: np.ndarray, logits_on: str):
+        """One decoder step; the presents stay on the device as the next past. Returns the logits OrtValue."""
+        binding = self.binding
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        binding.bind_cpu_input(INPUT_IDS, np.ascontiguousarray(last_tokens))
+        for name, value in self.on_device.items():
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output(LOGITS, logits_on, 0)
+        for name in self.output_names[1:]:
+            binding.bind_output(name, self.device, 0)
+        self.session.run_with_iobinding(binding)
+        outputs = binding.get_outputs()
+        for name, value in zip(self.past_names, outputs[1:], strict=True):
+            self.on_device[name] = value
+        return outputs[0]
+
+    def step(self, last_tokens: np.ndarray) -> np.ndarray:
+        return self._run(last_tokens, "cpu").numpy()[:, -1, :].astype(np.float32)
+
+    def step_top_k(
+        self, last_tokens: np.ndarray, running_scores: np.ndarray, bias: np.ndarray, batch_size: int, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        self._require_scorer()
+        logits = self._run(last_tokens, self.device)
+        binding = self.scorer.io_binding()
+        binding.bind_ortvalue_input(LOGITS, logits)
+        for name, value in scores_feed(running_scores, bias, batch_size, k).items():
+            binding.bind_cpu_input(name, value)
+        for name in BEAM_SCORES_OUTPUTS:
+            binding.bind_output(name, "cpu")
+        self.scorer.run_with_iobinding(binding)
+        values, indices = (value.numpy() for value in binding.get_outputs())
+        return values, indices
+
+    def reorder(self, rows: np.ndarray) -> None:
+        if self.reorder_session is None:
+            if self.device == "cpu":
+                host = [self.on_device[name].numpy() for name in self.past_names]
+            else:  # the last run's presents are the current cache
+                host = self.binding.copy_outputs_to_cpu()[1:]
+            for name, value in zip(self.past_names, host, strict=True):
+                self.on_device[name] = self._upload(value[rows])
+            return
+        binding = self.reorder_session.io_binding()
+        binding.bind_cpu_input(REORDER_INDEX, np.ascontiguousarray(rows, dtype=np.int64))
+        for name in self.past_names:
+            binding.bind_ortvalue_input(name, self.on_device[name])
+            binding.bind_output(reordered_name(name), self.device, 0)
+        self.reorder_session.run_with_iobinding(binding)
+        for name, value in zip(self.past_names, binding.get_outputs(), strict=True):
+            self.on_device[name] = value

@@ -1,0 +1,285 @@
+"""`OrtTranslator`: load an exported folder with onnxruntime and translate (numpy + tokenizers only, no torch).
+
+Folders converted from Marian carry Marian's sentencepiece tokenizer instead of `tokenizer.json`; they need the
+`sentencepiece` package (see `marian_tokenizer.py`).
+
+Graph names and shapes: `contract.py` and export/README.md. The encoder runs once per batch and hands every decoder
+layer's cross-attention K/V to the decoder; the decoder graph runs once per generated token.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+
+from .contract import (
+    ATTENTION_MASK,
+    BEAM_SCORES_FILE,
+    CONFIG_FILE,
+    DECODER_FILE,
+    ENCODER_FILE,
+    GENERATION_CONFIG_FILE,
+    INPUT_IDS,
+    LAST_HIDDEN_STATE,
+    PAST_PREFIX,
+    REORDER_FILE,
+    TOKENIZER_FILE,
+    cache_names,
+    is_self_attention,
+    past_name,
+)
+from .decoder_state import BoundState, NumpyState
+from .marian_tokenizer import MarianSentencePieceTokenizer, is_marian_tokenizer_folder
+from .search import DecoderState, GenerationSettings, beam_search, greedy_search
+from .sessions import PROVIDERS, create_session, resolve_provider, session_options
+
+logger = logging.getLogger(__name__)
+
+# Generation options that change outputs but are not implemented here: refuse them instead of ignoring them.
+UNSUPPORTED_GENERATION = {
+    "do_sample": False,
+    "num_return_sequences": 1,
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "forced_bos_token_id": None,
+    "num_beam_groups": 1,
+    "diversity_penalty": 0.0,
+}
+
+
+def settings_from_folder(folder: Path) -> GenerationSettings:
+    """Generation defaults from `generation_config.json` and `config.json`, as transformers resolves them."""
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    generation = {}
+    if (folder / GENERATION_CONFIG_FILE).is_file():
+        generation = json.loads((folder / GENERATION_CONFIG_FILE).read_text())
+    for key, default in UNSUPPORTED_GENERATION.items():
+        if generation.get(key, default) not in (default, None):
+            raise ValueError(f"generation_config.json sets {key}={generation[key]!r}, which this runtime does not do")
+
+    def pick(key: str, fallback=None):
+        value = generation.get(key)
+        return config.get(key, fallback) if value is None else value
+
+    eos = pick("eos_token_id")
+    eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    bad_words = generation.get("bad_words_ids") or []
+    if any(len(sequence) != 1 for sequence in bad_words):
+        raise ValueError(
+            f"generation_config.json sets bad_words_ids={bad_words!r}; this runtime bans single tokens only"
+        )
+    # transformers drops a banned word that is exactly an EOS token (NoBadWordsLogitsProcessor)
+    banned = [sequence[0] for sequence in bad_words if sequence[0] not in eos_ids]
+    start = pick("decoder_start_token_id", pick("bos_token_id"))
+    if start is None:
+        raise ValueError(f"{folder}: no decoder_start_token_id in config.json or generation_config.json")
+    max_new = generation.get("max_new_tokens") or generation.get("max_length", 20) - 1
+    min_new = generation.get("min_new_tokens") or max(generation.get("min_length", 0) - 1, 0)
+    return GenerationSettings(
+        decoder_start_token_id=start,
+        eos_token_ids=eos_ids,
+        pad_token_id=pick("pad_token_id"),
+        max_new_tokens=max_new,
+        min_new_tokens=min_new,
+        num_beams=generation.get("num_beams", 1),
+        length_penalty=generation.get("length_penalty", 1.0),
+        early_stopping=generation.get("early_stopping", False),
+        forced_eos_token_id=generation.get("forced_eos_token_id"),
+        banned_token_ids=banned,
+        renormalize_logits=bool(generation.get("renormalize_logits", False)),
+    )
+
+
+def target_vocab_size(config: dict) -> int:
+    """Rows of the logits: the decoder's vocabulary (`decoder_vocab_size` when the embeddings are not shared)."""
+    if config.get("share_encoder_decoder_embeddings", True) or not config.get("decoder_vocab_size"):
+        return config["vocab_size"]
+    return config["decoder_vocab_size"]
+
+
+def load_tokenizer(folder: Path):
+    """`tokenizer.json` with the `tokenizers` package, or Marian's sentencepiece files (source.spm, target.spm,
+    vocab.json); both offer `encode_batch` and `decode_batch`."""
+    if (folder / TOKENIZER_FILE).is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+    if is_marian_tokenizer_folder(folder):
+        return MarianSentencePieceTokenizer(folder)
+    raise ValueError(
+        f"Export folder {folder} has no tokenizer.json (nor Marian's source.spm, target.spm, vocab.json); "
+        "re-run export/export_onnx.py"
+    )
+
+
+def check_token_array(name: str, array: np.ndarray) -> np.ndarray:
+    """Integer array of rank 2 -> int64; raises ValueError naming the problem otherwise."""
+    array = np.asarray(array)
+    if array.ndim != 2:
+        raise ValueError(f"{name} must have rank 2 (batch, sequence), got shape {array.shape}")
+    if not np.issubdtype(array.dtype, np.integer) and array.dtype != np.bool_:
+        raise ValueError(f"{name} must be an integer array, got dtype {array.dtype}")
+    if array.shape[0] == 0 or array.shape[1] == 0:
+        raise ValueError(f"{name} must be non-empty, got shape {array.shape}")
+    return array.astype(np.int64, copy=False)
+
+
+def check_texts(texts) -> None:
+    """`texts` must be a non-empty list (or tuple) of str; errors name the offending item."""
+    if isinstance(texts, str):
+        raise ValueError("texts must be a list of strings, got a single str: pass [text]")
+    if not isinstance(texts, (list, tuple)):
+        raise TypeError(f"texts must be a list of strings, got {type(texts).__name__}")
+    if not texts:
+        raise ValueError("texts is empty: pass at least one string")
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"texts[{index}] must be a str, got {type(text).__name__} {text!r:.40}")
+
+
+class OrtTranslator:
+    """Translate with an exported folder (see `vanilla_transformer.export.onnx_export.export_model`) on onnxruntime.
+
+    Args:
+        folder: export folder with `encoder_model.onnx`, `decoder_model.onnx`, `config.json` and `tokenizer.json`
+            (or Marian's `source.spm`, `target.spm`, `vocab.json`).
+        provider: "auto" (CUDA when onnxruntime-gpu and a GPU are present, else CPU), "cpu" or "cuda".
+        intra_op_num_threads: threads per operator; set it explicitly on shared machines.
+        use_io_binding: keep the KV cache in onnxruntime values between steps; defaults to True on CUDA.
+        enable_cpu_mem_arena: keep onnxruntime's CPU memory arena (off by default: lower peak memory, same speed).
+        session_config: extra onnxruntime session config entries, e.g. `{"session.intra_op.allow_spinning": "0"}`.
+        disabled_optimizers: onnxruntime graph fusions to skip; by default `CPU_DISABLED_OPTIMIZERS` on the CPU
+            provider (slower fused kernels, see `create_session`) and none on CUDA; `()` keeps them all.
+    """
+
+    def __init__(
+        self,
+        folder: str | os.PathLike,
+        provider: str = "auto",
+        intra_op_num_threads: int = 1,
+        use_io_binding: bool | None = None,
+        enable_cpu_mem_arena: bool = False,
+        session_config: dict[str, str] | None = None,
+        disabled_optimizers: Sequence[str] | None = None,
+    ):
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise ValueError(f"Export folder {self.folder} does not exist")
+        for name in (ENCODER_FILE, DECODER_FILE, CONFIG_FILE):
+            if not (self.folder / name).is_file():
+                raise ValueError(f"Export folder {self.folder} has no {name}; re-run export/export_onnx.py")
+        self.tokenizer = load_tokenizer(self.folder)
+        requested = resolve_provider(provider)
+        options = session_options(intra_op_num_threads, enable_cpu_mem_arena, session_config)
+        providers = [requested] if requested == PROVIDERS["cpu"] else [requested, PROVIDERS["cpu"]]
+
+        def session(name: str):
+            return create_session(self.folder / name, options, providers, disabled_optimizers)
+
+        self.encoder = session(ENCODER_FILE)
+        self.decoder = session(DECODER_FILE)
+        self.reorder = session(REORDER_FILE) if (self.folder / REORDER_FILE).is_file() else None  # I/O binding only
+        # Folders exported before beam_scores.onnx rank beam candidates in numpy.
+        self.beam_scores = session(BEAM_SCORES_FILE) if (self.folder / BEAM_SCORES_FILE).is_file() else None
+        # onnxruntime-gpu lists CUDA even without a GPU and silently falls back to CPU: report what is used.
+        self.provider = self.decoder.get_providers()[0]
+        if requested != self.provider:
+            logger.warning("Requested %s, onnxruntime uses %s", requested, self.provider)
+        self.device = "cuda" if self.provider == PROVIDERS["cuda"] else "cpu"
+        self.use_io_binding = self.device == "cuda" if use_io_binding is None else use_io_binding
+        self.settings = settings_from_folder(self.folder)
+        self.config = json.loads((self.folder / CONFIG_FILE).read_text())
+        self.num_layers = self.config["decoder_layers"]
+        self.num_heads = self.config["decoder_attention_heads"]
+        self.d_head = self.config["d_model"] // self.num_heads
+        self.cache_dtype = np.float16 if self.decoder.get_inputs()[2].type == "tensor(float16)" else np.float32
+
+    # -- token level ------------------------------------------------------------------------------------------
+
+    def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None, **overrides) -> np.ndarray:
+        """Token ids in, token ids out, like `model.generate(input_ids, attention_mask, ...)`.
+
+        Args:
+            input_ids: (batch, src_len) integer source ids, right- or left-padded.
+            attention_mask: (batch, src_len), 1 = token, 0 = padding; all ones when omitted.
+            overrides: any `GenerationSettings` field (`max_new_tokens`, `num_beams`, `length_penalty`, ...).
+        Returns:
+            (batch, 1 + generated) int64, starting with the decoder start token; finished rows are filled like
+            transformers fills them (pad for greedy, `pad_token_id or eos_token_id` for beam search).
+        """
+        input_ids = check_token_array("input_ids", input_ids)
+        if attention_mask is None:
+            attention_mask = np.ones_like(input_ids)
+        attention_mask = check_token_array("attention_mask", attention_mask)
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask shape {attention_mask.shape} != input_ids shape {input_ids.shape}")
+        vocab_size = self.config["vocab_size"]
+        if input_ids.min() < 0 or input_ids.max() >= vocab_size:
+            raise ValueError(f"input_ids holds ids outside the vocabulary [0, {vocab_size})")
+        settings = self._settings(overrides)
+        batch = input_ids.shape[0]
+        state = self._start(input_ids, attention_mask, settings.num_beams)
+        if settings.num_beams == 1:
+            return greedy_search(state, batch, settings)
+        return beam_search(state, batch, settings)
+
+    def _settings(self, overrides: dict) -> GenerationSettings:
+        known = {f.name for f in fields(GenerationSettings)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise ValueError(f"Unknown generation options {sorted(unknown)}; known: {sorted(known)}")
+        values = {f.name: getattr(self.settings, f.name) for f in fields(GenerationSettings)}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = GenerationSettings(**values)
+        settings.validate()
+        return settings
+
+    def _start(self, input_ids: np.ndarray, attention_mask: np.ndarray, num_beams: int) -> DecoderState:
+        """Run the encoder once; every beam of a sentence shares its cross-attention K/V."""
+        names = [o.name for o in self.encoder.get_outputs()]
+        outputs = dict(
+            zip(names, self.encoder.run(None, {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask}), strict=True)
+        )
+        cross = {
+            past_name(name): np.repeat(value, num_beams, axis=0)
+            for name, value in outputs.items()
+            if name != LAST_HIDDEN_STATE
+        }
+        mask = np.repeat(attention_mask, num_beams, axis=0)
+        rows = input_ids.shape[0] * num_beams
+        empty = np.zeros((rows, self.num_heads, 0, self.d_head), dtype=self.cache_dtype)
+        past = {name: empty for name in cache_names(self.num_layers, PAST_PREFIX) if is_self_attention(name)}
+        vocab_size = target_vocab_size(self.config)
+        if self.use_io_binding:
+            return BoundState(self.decoder, cross, mask, past, self.device, vocab_size, self.reorder, self.beam_scores)
+        return NumpyState(self.decoder, cross, mask, past, vocab_size, self.beam_scores)
+
+    # -- text level -------------------------------------------------------------------------------------------
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Tokenize and right-pad a batch: (input_ids, attention_mask), both (batch, longest) int64."""
+        check_texts(texts)
+        encodings = self.tokenizer.encode_batch(texts)
+        longest = max(len(e.ids) for e in encodings)
+        pad = self.settings.pad_token_id or 0
+        input_ids = np.full((len(texts), longest), pad, dtype=np.int64)
+        attention_mask = np.zeros((len(texts), longest), dtype=np.int64)
+        for row, encoding in enumerate(encodings):
+            input_ids[row, : len(encoding.ids)] = encoding.ids
+            attention_mask[row, : len(encoding.ids)] = 1
+        return input_ids, attention_mask
+
+    def translate(self, texts: list[str], **overrides) -> list[str]:
+        """Text in, text out; `overrides` as in `generate`."""
+        input_ids, attention_mask = self.encode(texts)
+        output = self.generate(input_ids, attention_mask, **overrides)
+        return self.tokenizer.decode_batch(output.tolist(), skip_special_tokens=True)

@@ -1,0 +1,113 @@
+"""Command-line entry points of the export: `export_onnx_main` (ONNX folder, then optional validation) and
+`export_ctranslate2_main` (CTranslate2 folder). `export/export_onnx.py` and `export/export_ctranslate2.py` call them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EXPORT_ONNX_DOC = """Export a trained model folder to ONNX (encoder, one-step decoder and helper graphs) for
+onnxruntime serving.
+
+    python export/export_onnx.py --model runs/base --output onnx/base --validate
+    python export/export_onnx.py --model runs/base --output onnx/base-int8 --quantize int8 --validate
+    python export/export_onnx.py --model runs/base --output onnx/base-fp16 --dtype fp16
+
+Graphs, names and shapes are documented in export/README.md.
+"""
+
+EXPORT_CTRANSLATE2_DOC = """Export a trained model folder to a CTranslate2 model folder, with CTranslate2's own
+converter API.
+
+    python export/export_ctranslate2.py --model runs/base --output ct2/base
+    python export/export_ctranslate2.py --model runs/base --output ct2/base-int8 --quantization int8
+
+Options, the length limit and measured speed are in export/README.md ("CTranslate2").
+"""
+
+
+def export_onnx_main(argv: list[str] | None = None) -> int:
+    """`export_model`, then `validate_folder` with `--validate`; prints the files written. Returns the exit status."""
+    from .onnx_export import export_model
+    from .onnx_graphs import DEFAULT_OPSET
+    from .onnx_validation import FP32_TOLERANCE, validate_folder
+
+    parser = argparse.ArgumentParser(description=EXPORT_ONNX_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="save_pretrained folder (config, weights, tokenizer)")
+    parser.add_argument("--output", required=True, help="export folder to write")
+    parser.add_argument("--tokenizer", default=None, help="folder with tokenizer.json (default: --model)")
+    parser.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32", help="fp16 is meant for GPU serving")
+    parser.add_argument("--quantize", choices=["int8"], default=None, help="dynamic int8 quantization (CPU)")
+    parser.add_argument("--opset", type=int, default=DEFAULT_OPSET)
+    parser.add_argument("--validate", action="store_true", help="compare onnxruntime with PyTorch on a shape grid")
+    parser.add_argument("--tolerance", type=float, default=FP32_TOLERANCE, help="max abs difference allowed (fp32)")
+    args = parser.parse_args(argv)
+
+    try:
+        manifest = export_model(
+            args.model,
+            args.output,
+            dtype=args.dtype,
+            quantize=args.quantize,
+            opset=args.opset,
+            tokenizer_dir=args.tokenizer,
+        )
+        if args.validate:
+            manifest = validate_folder(args.model, args.output, tolerance=args.tolerance)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:  # read-only or full disk, missing permissions: name the file and the cause
+        where = error.filename or args.output
+        print(
+            f"error: cannot write or read {where}: {error.strerror or error} (--output {args.output})", file=sys.stderr
+        )
+        return 1
+    print(f"Exported to {args.output} (opset {manifest['opset']}, {manifest['dtype']}, {manifest['quantization']})")
+    for name, size in manifest["files"].items():
+        print(f"  {name:28s} {size / 2**20:9.2f} MiB")
+    for variant, diffs in manifest.get("validation", {}).items():
+        rounded = {kind: float(f"{value:.3g}") for kind, value in diffs.items()}
+        print(f"  max |onnxruntime - PyTorch| {variant}: {json.dumps(rounded)}")
+    return 0
+
+
+def export_ctranslate2_main(argv: list[str] | None = None) -> int:
+    """`export_ctranslate2` with the command-line options; prints the files written. Returns the exit status."""
+    from .ctranslate2_export import QUANTIZATIONS, export_ctranslate2  # needs the ctranslate2 package
+
+    parser = argparse.ArgumentParser(
+        description=EXPORT_CTRANSLATE2_DOC, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", required=True, help="save_pretrained folder (config, weights, tokenizer)")
+    parser.add_argument("--output", required=True, help="CTranslate2 model folder to write")
+    parser.add_argument("--tokenizer", default=None, help="folder with tokenizer.json (default: --model)")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None, help="weight type (default float32)")
+    parser.add_argument(
+        "--max_positions",
+        type=int,
+        default=None,
+        help="rows of the position table: the longest source and max_decoding_length CTranslate2 accepts "
+        "(default max(1024, config.max_position_embeddings))",
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite --output if it exists")
+    args = parser.parse_args(argv)
+
+    try:
+        output = export_ctranslate2(
+            args.model,
+            args.output,
+            quantization=args.quantization,
+            max_positions=args.max_positions,
+            tokenizer_dir=args.tokenizer,
+            force=args.force,
+        )
+    except (ValueError, RuntimeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"Exported to {output} ({args.quantization or 'float32'} weights)")
+    for path in sorted(output.iterdir()):
+        print(f"  {path.name:28s} {path.stat().st_size / 2**20:9.2f} MiB")
+    return 0
