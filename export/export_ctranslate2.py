@@ -10,11 +10,8 @@ speed are in export/README.md ("CTranslate2").
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from vanilla_transformer.export.cli import export_ctranslate2_main  # noqa: E402
+from vanilla_transformer.export.cli import export_ctranslate2_main
 
 
 def main(argv: list[str] | None = None) -> int:

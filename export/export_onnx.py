@@ -11,11 +11,8 @@ export/README.md.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from vanilla_transformer.export.cli import export_onnx_main  # noqa: E402
+from vanilla_transformer.export.cli import export_onnx_main
 
 
 def main(argv: list[str] | None = None) -> int:
