@@ -47,7 +47,7 @@ def test_remote_code_loading_in_a_fresh_interpreter(tmp_path):
     saved = json.loads((tmp_path / "saved" / "config.json").read_text())
     assert set(saved["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM"}
     for name in ["modeling_vanilla_transformer.py", "configuration_vanilla_transformer.py", "attention.py",
-                 "layers.py", "embeddings.py", "linear.py", "loss.py"]:  # fmt: skip
+                 "layers.py", "embeddings.py", "kernels.py", "loss.py"]:  # fmt: skip
         assert (tmp_path / "saved" / name).exists(), name
 
     # A copy elsewhere, loaded from a working directory where the package is not on the path (-I: isolated mode).

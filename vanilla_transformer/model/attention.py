@@ -2,7 +2,8 @@
 
 `MultiHeadAttention` dispatches to transformers' attention interface (eager, sdpa, flex, flash), so the backend is
 chosen with `attn_implementation` like any transformers model; `eager_attention_forward` is the paper's formula and
-the fallback. Imports only torch and transformers, so that it can be shipped as remote code.
+the fallback. Imports only torch, transformers and a sibling (`kernels.Linear`), so that it can be shipped as remote
+code.
 """
 
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .linear import Linear
+from .kernels import Linear
 
 
 def eager_attention_forward(

@@ -1,12 +1,14 @@
 """Input representation of both stacks: scaled token embeddings plus sinusoidal positional encodings (§3.4, §3.5).
 
-Imports only torch, so that it can be shipped as remote code next to a checkpoint.
+Imports only torch and a sibling (`kernels`), so that it can be shipped as remote code next to a checkpoint.
 """
 
 import math
 
 import torch
 from torch import nn
+
+from .kernels import is_tracing
 
 
 def sinusoidal_positional_encoding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
@@ -54,7 +56,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         self, seq_len: int, offset: int | torch.Tensor = 0, device: torch.device | None = None
     ) -> torch.Tensor:
         """Returns (seq_len, d_model) float32 encodings; callers must not modify them in place."""
-        if isinstance(offset, torch.Tensor) or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        if isinstance(offset, torch.Tensor) or is_tracing():
             positions = torch.arange(seq_len, device=device) + offset  # (seq_len,)
             return sinusoidal_positional_encoding(positions, self.d_model)
         device = torch.device("cpu") if device is None else torch.device(device)

@@ -19,7 +19,7 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
-from transformers.utils import can_return_tuple, is_torchdynamo_compiling, logging
+from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
@@ -27,9 +27,9 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .attention import MultiHeadAttention
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .embeddings import SinusoidalPositionalEncoding
-from .layers import DecoderLayer, EncoderLayer, dropout
-from .linear import Linear, packed_weights
-from .loss import IGNORE_INDEX, token_cross_entropy
+from .kernels import Linear, cross_entropy, dropout, is_tracing, packed_weights
+from .layers import DecoderLayer, EncoderLayer
+from .loss import IGNORE_INDEX
 
 logger = logging.get_logger(__name__)
 
@@ -58,31 +58,20 @@ def seq2seq_cross_entropy(
     aligned with the logits).
 
     Mean over the non-ignored tokens, or their sum divided by `num_items_in_batch` when the Trainer gives it, so that
-    gradient accumulation weighs every token equally. Eager CPU runs use the chunked loss of `loss.py` (its chunks
-    are sized for CPU caches); accelerators and compiled graphs use `cross_entropy`, one fused kernel there.
+    gradient accumulation weighs every token equally. The per-token losses come from `kernels.cross_entropy`.
     """
     flat_logits = logits.float().flatten(0, 1)  # (batch * tgt_len, vocab)
     flat_labels = labels.flatten().to(logits.device)
-    if flat_logits.device.type != "cpu" or is_torchdynamo_compiling():
-        per_token = nn.functional.cross_entropy(
-            flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="none", label_smoothing=label_smoothing
-        )
-    else:
-        per_token = token_cross_entropy(flat_logits, flat_labels, label_smoothing)
+    per_token = cross_entropy(flat_logits, flat_labels, label_smoothing)  # (batch * tgt_len,)
     if num_items_in_batch is not None:
         return per_token.sum() / num_items_in_batch
     return per_token.sum() / (flat_labels != IGNORE_INDEX).sum()
 
 
-def _is_tracing() -> bool:
-    """Under torch.compile/torch.export or jit tracing, shape checks would become guards: skip them there."""
-    return is_torchdynamo_compiling() or torch.jit.is_tracing()
-
-
 def _check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, allow_ignore: bool = False) -> None:
     """A clear error for ids of the wrong type, rank or size, or outside the vocabulary, instead of a reshape or
     IndexError from deep inside torch."""
-    if ids is None or _is_tracing():
+    if ids is None or is_tracing():
         return
     if not isinstance(ids, torch.Tensor):
         raise ValueError(f"`{name}` must be a torch.LongTensor of shape (batch, length), got {type(ids).__name__}.")
@@ -137,7 +126,7 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         self.config.auto_map = {**AUTO_MAP, **(getattr(self.config, "auto_map", None) or {})}
 
     def set_cpu_weight_packing(self, enabled: bool) -> None:
-        """Turn the packed CPU inference path (`config.cpu_weight_packing`, see `linear.py`) on or off for the
+        """Turn the packed CPU inference path (`config.cpu_weight_packing`, see `kernels.py`) on or off for the
         decoder's projections and `lm_head`, the products that decoding repeats once per token. Turning it off
         frees the packed copies."""
         self.config.cpu_weight_packing = enabled
@@ -294,7 +283,7 @@ class VanillaTransformerDecoder(TransformerStack):
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         past_len = cache.get_seq_length() if cache is not None else 0
-        if not is_torchdynamo_compiling():
+        if not is_tracing():
             if encoder_hidden_states.shape[0] != batch_size:
                 raise ValueError(
                     f"The decoder input has batch size {batch_size} but the encoder output "
@@ -314,7 +303,7 @@ class VanillaTransformerDecoder(TransformerStack):
         mask_over_new_tokens_only = (
             attention_mask is not None
             and attention_mask.dim() == 2
-            and not is_torchdynamo_compiling()
+            and not is_tracing()
             and attention_mask.shape[1] == tgt_len
             and int(past_len) > 0
         )
@@ -459,7 +448,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
 
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate`, unchanged in what it returns. On CPU in fp32, with `config.cpu_weight_packing`,
-        the decoder's and `lm_head`'s products run on weights packed once by oneDNN (see `linear.py`)."""
+        the decoder's and `lm_head`'s products run on weights packed once by oneDNN (see `kernels.py`)."""
         config = kwargs.get("generation_config")
         for name in ("num_beams", "max_new_tokens"):
             value = kwargs.get(name, getattr(config, name, None))
@@ -511,7 +500,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             if (
                 isinstance(source, torch.Tensor)
                 and source.dim() > 1
-                and not _is_tracing()
+                and not is_tracing()
                 and labels.shape[0] != len(source)
             ):
                 raise ValueError(
