@@ -326,7 +326,6 @@ class VanillaTransformerDecoder(TransformerStack):
                 encoder_hidden_states,  # positional, for activation checkpointing
                 encoder_attention_mask=cross_mask,
                 cache=cache,
-                use_cache=use_cache,
                 **kwargs,
             )
         if self.layer_norm is not None:
