@@ -5,8 +5,6 @@ the encoder and decoder stacks → the encoder-decoder model → the head with t
 This file imports only torch, transformers and its siblings, so that `save_pretrained` can ship it as remote code.
 """
 
-import math
-
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
@@ -26,8 +24,8 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .attention import MultiHeadAttention
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .embeddings import SinusoidalPositionalEncoding
-from .kernels import Linear, cross_entropy, dropout, is_tracing, packed_weights
+from .embeddings import InputRepresentation
+from .kernels import Linear, cross_entropy, is_tracing, packed_weights
 from .layers import DecoderLayer, EncoderLayer
 from .loss import IGNORE_INDEX
 
@@ -171,28 +169,20 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
 
 
 class TransformerStack(VanillaTransformerPreTrainedModel):
-    """What the encoder and decoder stacks share: the input representation (§3.4, §3.5) and N identical layers."""
+    """What the encoder and decoder stacks share: the token embeddings, the input representation (§3.4, §3.5) and
+    N identical layers."""
 
     def __init__(
         self, config: VanillaTransformerConfig, layer_class: type[nn.Module], num_layers: int, vocab_size: int
     ):
         super().__init__(config)
-        self.embed_tokens = nn.Embedding(vocab_size, config.d_model, config.pad_token_id)
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_positions = SinusoidalPositionalEncoding(config.d_model)
-        self.dropout = config.dropout
+        self.embed_tokens = nn.Embedding(vocab_size, config.d_model, config.pad_token_id)  # E (§3.4)
+        self.input_representation = InputRepresentation(config.d_model, config.scale_embedding, config.dropout)
         self.layers = nn.ModuleList([layer_class(config, layer_idx=i) for i in range(num_layers)])
         # Deviation from paper: pre-LN stacks need a final LayerNorm; post-LN (the paper) has none.
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
         self.gradient_checkpointing = False
         self.post_init()
-
-    def input_representation(self, inputs_embeds: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
-        """Embeddings × √d_model plus the positional encodings of positions offset, offset + 1, ..., then dropout on
-        the sum (§3.4, §3.5, §5.4). inputs_embeds: (batch, len, d_model) → (batch, len, d_model)."""
-        positions = self.embed_positions(inputs_embeds.shape[1], offset=offset, device=inputs_embeds.device)
-        hidden_states = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)  # (batch, len, d_model)
-        return dropout(hidden_states, self.dropout, self.training)
 
 
 class VanillaTransformerEncoder(TransformerStack):
