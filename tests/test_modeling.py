@@ -1,18 +1,24 @@
+import inspect
 import math
 import re
+import typing
 
 import pytest
 import torch
 from safetensors import safe_open
 from torch import nn
 from transformers import AutoModel, AutoModelForSeq2SeqLM
+from transformers.utils import TransformersKwargs
 
 from vanilla_transformer import (
     VanillaTransformerConfig,
+    VanillaTransformerDecoder,
+    VanillaTransformerEncoder,
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
     shift_tokens_right,
 )
+from vanilla_transformer.model.layers import DecoderLayer, EncoderLayer
 
 from .conftest import closed_form_pe, make_model, padded_batch
 from .test_layers import randomize_norms, torch_decoder_layer, torch_encoder_layer
@@ -269,6 +275,20 @@ class TestBadInput:
     def test_neither_labels_nor_decoder_inputs(self):
         with pytest.raises(ValueError, match="pass `decoder_input_ids`.*or `labels`"):
             make_model()(input_ids=torch.ones(2, 5, dtype=torch.long))
+
+
+@pytest.mark.parametrize(
+    "module",
+    [VanillaTransformerForConditionalGeneration, VanillaTransformerModel, VanillaTransformerEncoder,
+     VanillaTransformerDecoder, EncoderLayer, DecoderLayer],
+)  # fmt: skip
+def test_forward_kwargs_are_typed_for_transformers_tooling(module):
+    """`**kwargs: Unpack[TransformersKwargs]`, as in transformers' own models, so that its tooling (e.g. the common
+    eager-vs-sdpa test's `output_attentions` variant) sees which keyword arguments the forward passes accept."""
+    kwargs = inspect.signature(module.forward).parameters["kwargs"]
+    assert typing.get_args(kwargs.annotation) == (TransformersKwargs,)
+    accepted = set(TransformersKwargs.__annotations__)
+    assert {"output_attentions", "output_hidden_states", "num_items_in_batch"} <= accepted
 
 
 def test_sdpa_is_the_default_and_matches_eager():

@@ -17,7 +17,8 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
-from transformers.utils import can_return_tuple, logging
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
@@ -203,7 +204,7 @@ class VanillaTransformerEncoder(TransformerStack):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutput:
         """input_ids: (batch, src_len); attention_mask: (batch, src_len), 1 = token, 0 = padding."""
         if (input_ids is None) == (inputs_embeds is None):
@@ -254,7 +255,7 @@ class VanillaTransformerDecoder(TransformerStack):
         cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         """input_ids: (batch, tgt_len) new tokens; encoder_hidden_states: (batch, src_len, d_model);
         cache: an `EncoderDecoderCache` (self-attention keys/values so far, cross-attention keys/values)."""
@@ -371,7 +372,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
         """Encode the source (unless `encoder_outputs` are given), then decode `decoder_input_ids` with the cache.
 
@@ -477,7 +478,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         label_smoothing: float = 0.0,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         """As `VanillaTransformerModel.forward`, plus `labels` (batch, tgt_len) with -100 for ignored positions:
         when given, the loss is returned and missing decoder inputs are the labels shifted right.
