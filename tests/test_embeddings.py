@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from vanilla_transformer import SinusoidalPositionalEncoding, sinusoidal_positional_encoding
+from vanilla_transformer.model.embeddings import InputRepresentation
 
 from .conftest import closed_form_pe, make_model
 
@@ -54,3 +55,18 @@ def test_stack_input_is_scaled_embedding_plus_pe_beyond_max_positions():
     expected = model.model.shared.weight[ids] * math.sqrt(d_model)
     expected = expected + closed_form_pe(20, d_model)
     torch.testing.assert_close(seen["x"], expected, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scale_embedding, scale", [(True, 4.0), (False, 1.0)])
+def test_input_representation_is_scaled_embedding_plus_pe_then_dropout(scale_embedding, scale):
+    """§3.4/3.5/5.4: E[x]·√d_model (√16 = 4) + PE of positions offset, offset + 1, ..., dropout only in training."""
+    module = InputRepresentation(16, scale_embedding=scale_embedding, dropout=0.5).eval()
+    embeds = torch.randn(2, 5, 16)
+    expected = embeds * scale + closed_form_pe(8, 16)[3:]
+    torch.testing.assert_close(module(embeds, offset=3), expected, atol=1e-4, rtol=1e-5)
+    assert not module.state_dict() and not list(module.parameters())
+    module.train()
+    dropped = module(embeds, offset=3)
+    kept = dropped != 0
+    assert not kept.all() and kept.any()
+    torch.testing.assert_close(dropped[kept], expected[kept] * 2, atol=1e-4, rtol=1e-5)

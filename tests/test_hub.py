@@ -204,7 +204,7 @@ def test_model_push_to_hub_uploads_code_and_auto_map(model_dir, monkeypatch):
     model.push_to_hub("someone/en-de", token=SECRET)
     files = {name: content for name, content in operations}
     assert {"config.json", "model.safetensors", "modeling_vanilla_transformer.py", "attention.py", "layers.py",
-            "embeddings.py", "linear.py", "configuration_vanilla_transformer.py"} <= set(files)  # fmt: skip
+            "embeddings.py", "kernels.py", "configuration_vanilla_transformer.py"} <= set(files)  # fmt: skip
     config = json.loads(files["config.json"])
     assert set(config["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM"}
 

@@ -1,10 +1,13 @@
-"""Layer parity against torch's own post-LN (and pre-LN) Transformer layers with copied weights."""
+"""The layers (§3.1, §3.3): parity against torch's own post-LN (and pre-LN) Transformer layers with copied weights, and
+the residual and feed-forward blocks they are built from."""
+
+import copy
 
 import pytest
 import torch
 from torch import nn
 
-from vanilla_transformer.model.layers import DecoderLayer, EncoderLayer
+from vanilla_transformer.model.layers import DecoderLayer, EncoderLayer, PositionwiseFeedForward, ResidualLayerNorm
 
 from .conftest import make_config
 
@@ -112,19 +115,40 @@ def test_dropout_active_only_in_training():
     assert not torch.allclose(layer(x), layer(x))
 
 
-@pytest.mark.parametrize("p", [0.1, 0.3])
-def test_dropout_zeroes_a_fraction_p_and_rescales_the_rest(p):
-    """Against the definition (§5.4) and torch's own dropout: same keep rate, same scaling, same gradient rule."""
-    from vanilla_transformer.model.layers import dropout
-
+@pytest.mark.parametrize("normalize_before", [False, True])
+def test_residual_layer_norm_wraps_its_sublayer(normalize_before):
+    """§3.1: LayerNorm(x + Sublayer(x)) (post-LN), or x + Sublayer(LayerNorm(x)) (pre-LN); its keys are LayerNorm's."""
     torch.manual_seed(0)
-    x = torch.randn(256, 4096, requires_grad=True)
-    y = dropout(x, p, training=True)
-    kept = y != 0
-    assert abs(1 - kept.float().mean().item() - p) < 0.003  # 1M draws: 4+ standard deviations
-    reference = nn.functional.dropout(x, p, training=True) != 0
-    assert abs(kept.float().mean().item() - reference.float().mean().item()) < 0.004
-    torch.testing.assert_close(y[kept], x[kept] / (1 - p))
-    y.sum().backward()
-    torch.testing.assert_close(x.grad, kept.float() / (1 - p))
-    assert dropout(x, p, training=False) is x and dropout(x, 0.0, training=True) is x
+    norm = ResidualLayerNorm(16, eps=1e-5, dropout=0.0, normalize_before=normalize_before)
+    randomize_norms(norm)
+    assert isinstance(norm, nn.LayerNorm) and list(norm.state_dict()) == ["weight", "bias"]
+    sublayer = nn.Linear(16, 16)
+    x = torch.randn(2, 5, 16)
+
+    def layer_norm(h):
+        return nn.functional.layer_norm(h, (16,), norm.weight, norm.bias, 1e-5)
+
+    expected = x + sublayer(layer_norm(x)) if normalize_before else layer_norm(x + sublayer(x))
+    torch.testing.assert_close(norm(x, sublayer), expected)
+
+
+def test_feed_forward_is_relu_between_the_layers_projections():
+    """§3.3: FFN(x) = max(0, x W1 + b1) W2 + b2 with the layer's own `fc1`/`fc2`, looked up at each call."""
+    config = make_config()
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    layer = EncoderLayer(config).eval()
+    assert isinstance(layer.feed_forward, PositionwiseFeedForward) and not list(layer.feed_forward.parameters())
+    x = torch.randn(2, 5, 16)
+    torch.testing.assert_close(layer.ffn(x), layer.fc2(torch.relu(layer.fc1(x))))
+
+    twin = copy.deepcopy(layer)  # the copy computes with its own projections
+    with torch.no_grad():
+        twin.fc1.weight.mul_(2)
+    torch.testing.assert_close(twin.ffn(x), twin.fc2(torch.relu(twin.fc1(x))))
+    assert not torch.allclose(twin.ffn(x), layer.ffn(x))
+
+    layer.fc2 = nn.Linear(24, 16)  # a replaced module (as quantization or adapters do) is the one used
+    torch.testing.assert_close(layer.ffn(x), layer.fc2(torch.relu(layer.fc1(x))))
+    layer.double()
+    assert layer(x.double()).dtype == torch.float64

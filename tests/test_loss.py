@@ -66,12 +66,13 @@ def test_bad_arguments_are_named():
 
 def test_accelerator_tensors_take_torch_cross_entropy(monkeypatch):
     """The chunked loss is sized for CPU caches; on other devices (here: meta) the fused torch kernel is used."""
+    from vanilla_transformer.model import kernels
     from vanilla_transformer.model import modeling_vanilla_transformer as modeling
 
     def fail(*args, **kwargs):
         raise AssertionError("the chunked CPU loss ran on a non-CPU tensor")
 
-    monkeypatch.setattr(modeling, "token_cross_entropy", fail)
+    monkeypatch.setattr(kernels, "token_cross_entropy", fail)
     logits = torch.empty(2, 5, 37, device="meta")
     labels = torch.zeros(2, 5, dtype=torch.long, device="meta")
     assert modeling.seq2seq_cross_entropy(logits, labels, label_smoothing=0.1).shape == ()

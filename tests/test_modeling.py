@@ -1,18 +1,24 @@
+import inspect
 import math
 import re
+import typing
 
 import pytest
 import torch
 from safetensors import safe_open
 from torch import nn
 from transformers import AutoModel, AutoModelForSeq2SeqLM
+from transformers.utils import TransformersKwargs
 
 from vanilla_transformer import (
     VanillaTransformerConfig,
+    VanillaTransformerDecoder,
+    VanillaTransformerEncoder,
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
     shift_tokens_right,
 )
+from vanilla_transformer.model.layers import DecoderLayer, EncoderLayer
 
 from .conftest import closed_form_pe, make_model, padded_batch
 from .test_layers import randomize_norms, torch_decoder_layer, torch_encoder_layer
@@ -83,6 +89,47 @@ def test_state_dict_names_and_shared_matrix_saved_once(tmp_path):
         saved = set(f.keys())
     assert "model.shared.weight" in saved
     assert not {"lm_head.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"} & saved
+
+
+ATTENTION_KEYS = [f"{proj}.{p}" for proj in ("q_proj", "k_proj", "v_proj", "out_proj") for p in ("weight", "bias")]
+NORM_KEYS = ["weight", "bias"]
+
+
+def expected_layer_keys(prefix: str, cross_attention: bool) -> list[str]:
+    """A layer's keys in registration order: self_attn, its norm, [encoder_attn, its norm], fc1, fc2, final norm."""
+    blocks = [("self_attn", ATTENTION_KEYS), ("self_attn_layer_norm", NORM_KEYS)]
+    if cross_attention:
+        blocks += [("encoder_attn", ATTENTION_KEYS), ("encoder_attn_layer_norm", NORM_KEYS)]
+    blocks += [("fc1", NORM_KEYS), ("fc2", NORM_KEYS), ("final_layer_norm", NORM_KEYS)]
+    return [f"{prefix}.{name}.{key}" for name, keys in blocks for key in keys]
+
+
+def expected_state_dict_keys(encoder_layers: int, decoder_layers: int, shared=True, pre_ln=False, logits_bias=False):
+    keys = ["final_logits_bias"] if logits_bias else []  # the head's own buffer comes before its children
+    keys += ["model.shared.weight"] if shared else []
+    for stack, count in (("encoder", encoder_layers), ("decoder", decoder_layers)):
+        keys.append(f"model.{stack}.embed_tokens.weight")
+        for i in range(count):
+            keys += expected_layer_keys(f"model.{stack}.layers.{i}", cross_attention=stack == "decoder")
+        if pre_ln:
+            keys += [f"model.{stack}.layer_norm.weight", f"model.{stack}.layer_norm.bias"]
+    return keys + ["lm_head.weight"]
+
+
+def test_state_dict_keys_are_pinned():
+    """The full, ordered key list is a public contract (checkpoints, converters, exporters): any change fails here."""
+    assert list(make_model().state_dict()) == expected_state_dict_keys(2, 3)
+    base_keys = [k.removeprefix("model.") for k in expected_state_dict_keys(2, 3)[:-1]]
+    assert list(make_model().model.state_dict()) == base_keys
+    unshared = dict(share_encoder_decoder_embeddings=False, decoder_vocab_size=41)
+    variant = make_model(normalize_before=True, add_final_logits_bias=True, **unshared)
+    assert list(variant.state_dict()) == expected_state_dict_keys(2, 3, shared=False, pre_ln=True, logits_bias=True)
+    assert make_model().all_tied_weights_keys == {
+        "lm_head.weight": "model.shared.weight",
+        "model.encoder.embed_tokens.weight": "model.shared.weight",
+        "model.decoder.embed_tokens.weight": "model.shared.weight",
+    }
+    assert variant.all_tied_weights_keys == {"lm_head.weight": "model.decoder.embed_tokens.weight"}
 
 
 def test_untied_embeddings_are_separate(tmp_path):
@@ -228,6 +275,20 @@ class TestBadInput:
     def test_neither_labels_nor_decoder_inputs(self):
         with pytest.raises(ValueError, match="pass `decoder_input_ids`.*or `labels`"):
             make_model()(input_ids=torch.ones(2, 5, dtype=torch.long))
+
+
+@pytest.mark.parametrize(
+    "module",
+    [VanillaTransformerForConditionalGeneration, VanillaTransformerModel, VanillaTransformerEncoder,
+     VanillaTransformerDecoder, EncoderLayer, DecoderLayer],
+)  # fmt: skip
+def test_forward_kwargs_are_typed_for_transformers_tooling(module):
+    """`**kwargs: Unpack[TransformersKwargs]`, as in transformers' own models, so that its tooling (e.g. the common
+    eager-vs-sdpa test's `output_attentions` variant) sees which keyword arguments the forward passes accept."""
+    kwargs = inspect.signature(module.forward).parameters["kwargs"]
+    assert typing.get_args(kwargs.annotation) == (TransformersKwargs,)
+    accepted = set(TransformersKwargs.__annotations__)
+    assert {"output_attentions", "output_hidden_states", "num_items_in_batch"} <= accepted
 
 
 def test_sdpa_is_the_default_and_matches_eager():

@@ -1,6 +1,7 @@
 """A saved folder loads with trust_remote_code=True in a fresh interpreter that cannot import the package."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -8,6 +9,8 @@ import textwrap
 
 import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+from vanilla_transformer.hub import CODE_FILES, MODEL_DIR, remote_code_files
 
 from .conftest import make_model, padded_batch
 
@@ -41,13 +44,28 @@ FRESH_PROCESS = textwrap.dedent(
 )
 
 
+def test_remote_code_set_is_every_model_file():
+    """What `hub.py` ships (the modeling and pipeline files and their single-dot imports, recursively) is exactly the
+    model folder's source, so that no model file is left behind and nothing else is shipped."""
+    model_files = {path.name for path in MODEL_DIR.glob("*.py")} - {"__init__.py"}
+    assert set(remote_code_files()) == model_files
+    assert set(CODE_FILES) == model_files
+
+
+def test_modeling_file_imports_every_sibling_directly():
+    """Loading remote code from a local folder copies only the entry file's direct relative imports in some
+    transformers versions, so the modeling file names every sibling itself (the pipeline file is its own entry)."""
+    source = (MODEL_DIR / "modeling_vanilla_transformer.py").read_text()
+    direct = {f"{name}.py" for name in re.findall(r"^from \.(\w+) import", source, re.MULTILINE)}
+    assert direct == set(CODE_FILES) - {"modeling_vanilla_transformer.py", "pipeline_vanilla_transformer.py"}
+
+
 def test_remote_code_loading_in_a_fresh_interpreter(tmp_path):
     model = make_model(seed=12)
     model.save_pretrained(tmp_path / "saved")
     saved = json.loads((tmp_path / "saved" / "config.json").read_text())
     assert set(saved["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM"}
-    for name in ["modeling_vanilla_transformer.py", "configuration_vanilla_transformer.py", "attention.py",
-                 "layers.py", "embeddings.py", "linear.py", "loss.py"]:  # fmt: skip
+    for name in set(CODE_FILES) - {"pipeline_vanilla_transformer.py"}:  # the pipeline is added by hub.py's upload
         assert (tmp_path / "saved" / name).exists(), name
 
     # A copy elsewhere, loaded from a working directory where the package is not on the path (-I: isolated mode).

@@ -170,7 +170,7 @@ def build_spec(
     table = position_table(max_positions, config.d_model)
     encoder, decoder = model.model.encoder, model.model.decoder
     for stack_spec, stack in ((encoder_spec, encoder), (decoder_spec, decoder)):
-        stack_spec.scale_embeddings = float(stack.embed_scale)  # √d_model, or 1.0 without `scale_embedding`
+        stack_spec.scale_embeddings = float(stack.input_representation.embed_scale)  # √d_model, or 1 unscaled
         stack_spec.position_encodings.encodings = table
         if pre_norm:  # Deviation from paper (pre-LN): the stacks' final LayerNorm
             _set_layer_norm(stack_spec.layer_norm, stack.layer_norm)

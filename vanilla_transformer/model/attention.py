@@ -2,7 +2,8 @@
 
 `MultiHeadAttention` dispatches to transformers' attention interface (eager, sdpa, flex, flash), so the backend is
 chosen with `attn_implementation` like any transformers model; `eager_attention_forward` is the paper's formula and
-the fallback. Imports only torch and transformers, so that it can be shipped as remote code.
+the fallback. Imports only torch, transformers and a sibling (`kernels.Linear`), so that it can be shipped as remote
+code.
 """
 
 from collections.abc import Callable
@@ -10,9 +11,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.modeling_flash_attention_utils import FlashAttentionKwargs
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
 
-from .linear import Linear
+from .kernels import Linear
 
 
 def eager_attention_forward(
@@ -23,7 +27,7 @@ def eager_attention_forward(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
-    **kwargs,
+    **kwargs: Unpack[TransformersKwargs],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(Q Kᵀ / √d_k) V, paper Eq. (1), with transformers' attention-interface contract.
 
@@ -96,7 +100,7 @@ class MultiHeadAttention(nn.Module):
         key_value_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
-        **kwargs,
+        **kwargs: Unpack[FlashAttentionKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """hidden_states: (batch, tgt_len, d_model) queries (and keys/values for self-attention);
         key_value_states: (batch, src_len, d_model) encoder output for cross-attention.

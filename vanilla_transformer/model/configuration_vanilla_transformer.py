@@ -82,7 +82,7 @@ class VanillaTransformerConfig(PreTrainedConfig):
       tokenizer (`<pad>`=0, `<s>`=1, `</s>`=2 by default; the decoder starts from `<s>`).
     - `use_cache`: keep the decoder's keys/values between generation steps.
     - `cpu_weight_packing`: in CPU fp32 inference without autograd (as in `generate()`), run the decoder's and the
-      output projection's matrix products with weights packed once by oneDNN (`linear.Linear`): 1.2-2.2x faster
+      output projection's matrix products with weights packed once by oneDNN (`kernels.Linear`): 1.2-2.2x faster
       decoding at base size, for a second copy of those weights in memory. An engineering switch, not in the paper;
       `model.set_cpu_weight_packing(False)` turns it off.
 

@@ -1,12 +1,15 @@
-"""Input representation of both stacks: scaled token embeddings plus sinusoidal positional encodings (§3.4, §3.5).
+"""Input representation of both stacks: token embeddings × √d_model plus sinusoidal positional encodings, then
+dropout (§3.4, §3.5, §5.4).
 
-Imports only torch, so that it can be shipped as remote code next to a checkpoint.
+Imports only torch and a sibling (`kernels`), so that it can be shipped as remote code next to a checkpoint.
 """
 
 import math
 
 import torch
 from torch import nn
+
+from .kernels import dropout, is_tracing
 
 
 def sinusoidal_positional_encoding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
@@ -54,7 +57,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         self, seq_len: int, offset: int | torch.Tensor = 0, device: torch.device | None = None
     ) -> torch.Tensor:
         """Returns (seq_len, d_model) float32 encodings; callers must not modify them in place."""
-        if isinstance(offset, torch.Tensor) or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        if isinstance(offset, torch.Tensor) or is_tracing():
             positions = torch.arange(seq_len, device=device) + offset  # (seq_len,)
             return sinusoidal_positional_encoding(positions, self.d_model)
         device = torch.device("cpu") if device is None else torch.device(device)
@@ -65,3 +68,24 @@ class SinusoidalPositionalEncoding(nn.Module):
             table = sinusoidal_positional_encoding(torch.arange(table_len, device=device), self.d_model)
             self._tables[device] = table
         return table[offset:end]  # (seq_len, d_model)
+
+
+class InputRepresentation(nn.Module):
+    """Dropout(E[x] · √d_model + PE), the input of the first layer of either stack (§3.4, §3.5, §5.4).
+
+    The embedding lookup E[x] itself stays with the stack (`embed_tokens`, whose weight is the shared matrix of §3.4
+    and a state-dict key), so that callers may pass `inputs_embeds` instead of ids; this module holds no parameters.
+    """
+
+    def __init__(self, d_model: int, scale_embedding: bool = True, dropout: float = 0.0):
+        super().__init__()
+        self.embed_scale = math.sqrt(d_model) if scale_embedding else 1.0  # √d_model (§3.4)
+        self.embed_positions = SinusoidalPositionalEncoding(d_model)
+        self.dropout = dropout  # P_drop
+
+    def forward(self, inputs_embeds: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
+        """inputs_embeds: (batch, len, d_model) embeddings E[x] of the tokens at positions offset, offset + 1, ...
+        (offset = the number of tokens already decoded) → (batch, len, d_model)."""
+        positions = self.embed_positions(inputs_embeds.shape[1], offset=offset, device=inputs_embeds.device)
+        hidden_states = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)  # (batch, len, d_model)
+        return dropout(hidden_states, self.dropout, self.training)

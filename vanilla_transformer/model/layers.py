@@ -1,7 +1,6 @@
-"""The encoder and decoder layers (§3.1) with their position-wise feed-forward networks (§3.3).
+"""The encoder and decoder layers (§3.1): attention and the position-wise feed-forward network (§3.3), each sub-layer
+wrapped in a residual connection and layer normalization.
 
-Every sub-layer is wrapped in a residual block. The paper's post-LN form is `LayerNorm(x + Dropout(Sublayer(x)))`;
-with `config.normalize_before` the pre-LN form `x + Dropout(Sublayer(LayerNorm(x)))` is used instead.
 Imports only torch, transformers and sibling modules, so that it can be shipped as remote code.
 """
 
@@ -12,96 +11,118 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
 
 from .attention import MultiHeadAttention
-from .linear import Linear
+from .kernels import Linear, dropout
 
 
-def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Dropout (§5.4): zero each element with probability p, scale the rest by 1 / (1 - p).
+class ResidualLayerNorm(nn.LayerNorm):
+    """LayerNorm(x + Dropout(Sublayer(x))), the connection around every sub-layer (§3.1, with the residual dropout
+    of §5.4).
 
-    On CPU the keep-mask is drawn as `rand >= p`: torch's CPU `bernoulli_` behind `nn.functional.dropout` takes
-    about twice as long (7.2 against 4.1 ms per 1M elements on 2 cores; 4% of a base training step). Elsewhere, and in
-    compiled graphs, `nn.functional.dropout` is used.
+    It is the sub-layer's LayerNorm (a `nn.LayerNorm`, so its γ and β keep the state-dict keys `self_attn_layer_norm`,
+    `encoder_attn_layer_norm` and `final_layer_norm`) that also applies the residual connection around the sub-layer
+    it is given. With `normalize_before` the pre-LN form `x + Dropout(Sublayer(LayerNorm(x)))` is used instead.
     """
-    if not training or p == 0.0:
-        return x
-    if x.device.type != "cpu" or torch.compiler.is_compiling():
-        return nn.functional.dropout(x, p=p, training=True)
-    keep = torch.rand_like(x) >= p  # (same shape as x) bool
-    return torch.mul(x, keep).mul_(1.0 / (1.0 - p))
 
+    def __init__(self, d_model: int, eps: float, dropout: float, normalize_before: bool = False):
+        super().__init__(d_model, eps=eps)
+        self.dropout = dropout  # P_drop
+        self.normalize_before = normalize_before
 
-class ResidualBlockMixin:
-    """The residual connection around each sub-layer (§3.1, §5.4)."""
-
-    dropout: float
-    normalize_before: bool
-    training: bool
-
-    def residual(
-        self, x: torch.Tensor, layer_norm: nn.LayerNorm, sublayer: Callable[[torch.Tensor], torch.Tensor]
-    ) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """hidden_states: (batch, len, d_model); `sublayer` maps (batch, len, d_model) to the same shape."""
         if self.normalize_before:
             # Deviation from paper: pre-LN (Wang et al., 2019), opt-in, for deep stacks and fp16 training.
-            return x + dropout(sublayer(layer_norm(x)), self.dropout, self.training)
-        return layer_norm(x + dropout(sublayer(x), self.dropout, self.training))
+            normalized = super().forward(hidden_states)
+            return hidden_states + dropout(sublayer(normalized), self.dropout, self.training)
+        return super().forward(hidden_states + dropout(sublayer(hidden_states), self.dropout, self.training))
 
-    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position separately (§3.3)."""
-        hidden = self.activation_fn(self.fc1(x))  # (batch, len, d_ff)
+
+class PositionwiseFeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, the same two projections applied to each position separately (§3.3).
+
+    This module holds the activation and its dropout; W1, b1 and W2, b2 are the layer's own `fc1` and `fc2`, passed
+    in at each call. They stay direct children of the layer because their state-dict keys (`layers.N.fc1.weight`)
+    are the checkpoint format shared with Marian and BART, the converters and the exporters. Passing them rather than
+    keeping references here means there is one owner and nothing to keep in sync: a deepcopy, `.to()`, FSDP wrapping,
+    or tools that replace the layer's `fc1`/`fc2` modules (quantization, adapters) are seen at the next call, and
+    torch.compile and activation checkpointing see a plain function of the layer's modules.
+    """
+
+    def __init__(self, activation_function: str = "relu", activation_dropout: float = 0.0):
+        super().__init__()
+        self.activation_fn = ACT2FN[activation_function]  # max(0, ·) for the paper's "relu"
+        self.activation_dropout = activation_dropout  # not in the paper: 0 by default
+
+    def forward(self, hidden_states: torch.Tensor, fc1: nn.Linear, fc2: nn.Linear) -> torch.Tensor:
+        """hidden_states: (batch, len, d_model) → (batch, len, d_model), through (batch, len, d_ff)."""
+        hidden = self.activation_fn(fc1(hidden_states))  # (batch, len, d_ff)
         hidden = dropout(hidden, self.activation_dropout, self.training)
-        return self.fc2(hidden)
+        return fc2(hidden)  # (batch, len, d_model)
 
 
-class EncoderLayer(ResidualBlockMixin, GradientCheckpointingLayer):
+class TransformerLayer(GradientCheckpointingLayer):
+    """What the encoder and decoder layers share (§3.1): self-attention, in the decoder cross-attention over the
+    encoder output, and the FFN, each followed by its `ResidualLayerNorm`.
+
+    The submodules are registered in the order the sub-layers run, which is also the order of their state-dict keys.
+    """
+
+    def __init__(self, config, num_heads: int, d_ff: int, layer_idx: int | None, is_decoder: bool):
+        super().__init__()
+        d_model = config.d_model
+
+        def attention(is_causal: bool = False) -> MultiHeadAttention:
+            return MultiHeadAttention(
+                config, d_model, num_heads, config.attention_dropout, is_causal=is_causal, layer_idx=layer_idx
+            )
+
+        def residual_layer_norm() -> ResidualLayerNorm:
+            return ResidualLayerNorm(d_model, config.layer_norm_eps, config.dropout, config.normalize_before)
+
+        self.self_attn = attention(is_causal=is_decoder)  # the decoder's is masked (§3.2.3)
+        self.self_attn_layer_norm = residual_layer_norm()
+        if is_decoder:  # "a third sub-layer, which performs multi-head attention over the output of the encoder stack"
+            self.encoder_attn = attention()
+            self.encoder_attn_layer_norm = residual_layer_norm()
+        self.feed_forward = PositionwiseFeedForward(config.activation_function, config.activation_dropout)
+        self.fc1 = Linear(d_model, d_ff)  # W1, b1
+        self.fc2 = Linear(d_ff, d_model)  # W2, b2
+        self.final_layer_norm = residual_layer_norm()
+
+    def ffn(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The FFN sub-layer (§3.3) with this layer's projections."""
+        return self.feed_forward(hidden_states, self.fc1, self.fc2)
+
+
+class EncoderLayer(TransformerLayer):
     """Self-attention, then the position-wise FFN, each in a residual block (§3.1, Figure 1 left)."""
 
     def __init__(self, config, layer_idx: int | None = None):
-        super().__init__()
-        d_model = config.d_model
-        self.dropout = config.dropout
-        self.activation_dropout = config.activation_dropout
-        self.normalize_before = config.normalize_before
-        self.self_attn = MultiHeadAttention(
-            config, d_model, config.encoder_attention_heads, config.attention_dropout, layer_idx=layer_idx
+        super().__init__(config, config.encoder_attention_heads, config.encoder_ffn_dim, layer_idx, is_decoder=False)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> torch.Tensor:
+        """hidden_states: (batch, src_len, d_model) → (batch, src_len, d_model); attention_mask as built by
+        `create_bidirectional_mask` for the attention backend."""
+        hidden_states = self.self_attn_layer_norm(
+            hidden_states, lambda x: self.self_attn(x, attention_mask=attention_mask, **kwargs)[0]
         )
-        self.self_attn_layer_norm = nn.LayerNorm(d_model, eps=config.layer_norm_eps)
-        self.activation_fn = ACT2FN[config.activation_function]
-        self.fc1 = Linear(d_model, config.encoder_ffn_dim)  # W1, b1
-        self.fc2 = Linear(config.encoder_ffn_dim, d_model)  # W2, b2
-        self.final_layer_norm = nn.LayerNorm(d_model, eps=config.layer_norm_eps)
-
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
-        """hidden_states: (batch, src_len, d_model) → (batch, src_len, d_model)."""
-        hidden_states = self.residual(
-            hidden_states,
-            self.self_attn_layer_norm,
-            lambda x: self.self_attn(x, attention_mask=attention_mask, **kwargs)[0],
-        )
-        return self.residual(hidden_states, self.final_layer_norm, self.feed_forward)
+        return self.final_layer_norm(hidden_states, self.ffn)
 
 
-class DecoderLayer(ResidualBlockMixin, GradientCheckpointingLayer):
+class DecoderLayer(TransformerLayer):
     """Causal self-attention, cross-attention over the encoder output, then the FFN (§3.1, Figure 1 right)."""
 
     def __init__(self, config, layer_idx: int | None = None):
-        super().__init__()
-        d_model = config.d_model
-        heads = config.decoder_attention_heads
-        self.dropout = config.dropout
-        self.activation_dropout = config.activation_dropout
-        self.normalize_before = config.normalize_before
-        self.self_attn = MultiHeadAttention(
-            config, d_model, heads, config.attention_dropout, is_causal=True, layer_idx=layer_idx
-        )
-        self.self_attn_layer_norm = nn.LayerNorm(d_model, eps=config.layer_norm_eps)
-        self.encoder_attn = MultiHeadAttention(config, d_model, heads, config.attention_dropout, layer_idx=layer_idx)
-        self.encoder_attn_layer_norm = nn.LayerNorm(d_model, eps=config.layer_norm_eps)
-        self.activation_fn = ACT2FN[config.activation_function]
-        self.fc1 = Linear(d_model, config.decoder_ffn_dim)
-        self.fc2 = Linear(config.decoder_ffn_dim, d_model)
-        self.final_layer_norm = nn.LayerNorm(d_model, eps=config.layer_norm_eps)
+        super().__init__(config, config.decoder_attention_heads, config.decoder_ffn_dim, layer_idx, is_decoder=True)
 
     def forward(
         self,
@@ -110,20 +131,17 @@ class DecoderLayer(ResidualBlockMixin, GradientCheckpointingLayer):
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
-        use_cache: bool | None = True,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
-        """hidden_states: (batch, tgt_len, d_model); encoder_hidden_states: (batch, src_len, d_model)."""
-        hidden_states = self.residual(
-            hidden_states,
-            self.self_attn_layer_norm,
-            lambda x: self.self_attn(x, attention_mask=attention_mask, cache=cache, **kwargs)[0],
+        """hidden_states: (batch, tgt_len, d_model) → (batch, tgt_len, d_model); encoder_hidden_states:
+        (batch, src_len, d_model); the masks as built by `create_causal_mask` / `create_bidirectional_mask`."""
+        hidden_states = self.self_attn_layer_norm(
+            hidden_states, lambda x: self.self_attn(x, attention_mask=attention_mask, cache=cache, **kwargs)[0]
         )
-        hidden_states = self.residual(
+        hidden_states = self.encoder_attn_layer_norm(
             hidden_states,
-            self.encoder_attn_layer_norm,
             lambda x: self.encoder_attn(
                 x, key_value_states=encoder_hidden_states, attention_mask=encoder_attention_mask, cache=cache, **kwargs
             )[0],
         )
-        return self.residual(hidden_states, self.final_layer_norm, self.feed_forward)
+        return self.final_layer_norm(hidden_states, self.ffn)

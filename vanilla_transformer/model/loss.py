@@ -34,7 +34,8 @@ def logsumexp_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 class SmoothedCrossEntropy(torch.autograd.Function):
-    """Per-token loss (N,) from logits (N, V) and labels (N,); ignored labels (-100) give 0 and no gradient."""
+    """Per-token loss (N,) from logits (N, V) and labels (N,); ignored labels (`IGNORE_INDEX`) give 0 and no
+    gradient."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, smoothing: float) -> torch.Tensor:
@@ -65,7 +66,7 @@ class SmoothedCrossEntropy(torch.autograd.Function):
 
 
 def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-    """(N, V) float logits and (N,) labels -> (N,) per-token losses, 0 where the label is -100."""
+    """(N, V) float logits and (N,) labels -> (N,) per-token losses, 0 where the label is `IGNORE_INDEX`."""
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
     if logits.dim() != 2 or labels.shape != logits.shape[:1]:

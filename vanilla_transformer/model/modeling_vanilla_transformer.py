@@ -1,51 +1,47 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) as a transformers model.
 
-Reading order follows the paper: embeddings (embeddings.py) → attention (attention.py) → layers (layers.py) →
-the encoder and decoder stacks → the encoder-decoder model → the head with the shared pre-softmax projection.
-This file imports only torch, transformers and its siblings, so that `save_pretrained` can ship it as remote code.
+The encoder-decoder (Figure 1) and the head with the shared pre-softmax projection and the training loss. The imports
+below name every sibling, in the paper's reading order: configuration → embeddings (§3.4, §3.5) → attention (§3.2) →
+layers (§3.1, §3.3) → stacks (§3.1); `kernels` (with the loss math of `loss`) holds the speed paths and
+`input_checks` the input validation. This file imports only torch, transformers and its siblings, each directly
+(transformers copies only direct imports when loading remote code from a local folder), so that `save_pretrained` can
+ship it as remote code.
 """
-
-import math
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
-from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
-from transformers.modeling_outputs import (
-    BaseModelOutput,
-    BaseModelOutputWithPastAndCrossAttentions,
-    Seq2SeqLMOutput,
-    Seq2SeqModelOutput,
-)
-from transformers.utils import can_return_tuple, is_torchdynamo_compiling, logging
+from transformers import GenerationMixin
+from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
-from transformers.utils.generic import merge_with_config_defaults
-from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .attention import MultiHeadAttention
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .embeddings import SinusoidalPositionalEncoding
-from .layers import DecoderLayer, EncoderLayer, dropout
-from .linear import Linear, packed_weights
-from .loss import IGNORE_INDEX, token_cross_entropy
+from .embeddings import InputRepresentation, SinusoidalPositionalEncoding
+from .input_checks import check_batch_size, check_mask, check_token_ids
+from .kernels import Linear, cross_entropy, packed_weights
+from .layers import DecoderLayer, EncoderLayer
+from .loss import IGNORE_INDEX
+from .stacks import (
+    AUTO_MAP,
+    TransformerStack,
+    VanillaTransformerDecoder,
+    VanillaTransformerEncoder,
+    VanillaTransformerPreTrainedModel,
+)
 
 logger = logging.get_logger(__name__)
 
-AUTO_MAP = {
-    "AutoConfig": "configuration_vanilla_transformer.VanillaTransformerConfig",
-    "AutoModel": "modeling_vanilla_transformer.VanillaTransformerModel",
-    "AutoModelForSeq2SeqLM": "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
-}
-
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
-    """Teacher-forcing decoder inputs: `<start> y_1 ... y_{n-1}` from labels `y_1 ... y_n` (-100 becomes pad)."""
+    """Teacher-forcing decoder inputs: `<start> y_1 ... y_{n-1}` from labels `y_1 ... y_n` (`IGNORE_INDEX` becomes
+    pad). labels: (batch, tgt_len) → (batch, tgt_len)."""
     shifted = labels.new_full(labels.shape, pad_token_id)
     shifted[:, 1:] = labels[:, :-1]
     shifted[:, 0] = decoder_start_token_id
-    return shifted.masked_fill(shifted == -100, pad_token_id)
+    return shifted.masked_fill(shifted == IGNORE_INDEX, pad_token_id)
 
 
 def seq2seq_cross_entropy(
@@ -54,295 +50,23 @@ def seq2seq_cross_entropy(
     num_items_in_batch: int | torch.Tensor | None = None,
     label_smoothing: float = 0.0,
 ) -> torch.Tensor:
-    """Token-level cross-entropy with optional label smoothing (§5.4), ignoring -100 labels (no shift: labels are
-    aligned with the logits).
+    """Token-level cross-entropy with optional label smoothing (§5.4), ignoring `IGNORE_INDEX` labels (no shift: the
+    labels are aligned with the logits).
 
-    Mean over the non-ignored tokens, or their sum divided by `num_items_in_batch` when the Trainer gives it, so that
-    gradient accumulation weighs every token equally. Eager CPU runs use the chunked loss of `loss.py` (its chunks
-    are sized for CPU caches); accelerators and compiled graphs use `cross_entropy`, one fused kernel there.
+    Args:
+        logits: (batch, tgt_len, vocab)
+        labels: (batch, tgt_len) target ids, `IGNORE_INDEX` (-100) where no loss is taken.
+        num_items_in_batch: the Trainer's count of target tokens over the accumulated batches, if given.
+        label_smoothing: ε of §5.4.
+    Returns:
+        The mean over the non-ignored tokens, or their sum divided by `num_items_in_batch` when the Trainer gives it,
+        so that gradient accumulation weighs every token equally (a 0-d tensor).
     """
-    flat_logits = logits.float().flatten(0, 1)  # (batch * tgt_len, vocab)
-    flat_labels = labels.flatten().to(logits.device)
-    if flat_logits.device.type != "cpu" or is_torchdynamo_compiling():
-        per_token = nn.functional.cross_entropy(
-            flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="none", label_smoothing=label_smoothing
-        )
-    else:
-        per_token = token_cross_entropy(flat_logits, flat_labels, label_smoothing)
+    flat_labels = labels.flatten().to(logits.device)  # (batch * tgt_len,)
+    per_token = cross_entropy(logits.float().flatten(0, 1), flat_labels, label_smoothing)  # (batch * tgt_len,)
     if num_items_in_batch is not None:
         return per_token.sum() / num_items_in_batch
     return per_token.sum() / (flat_labels != IGNORE_INDEX).sum()
-
-
-def _is_tracing() -> bool:
-    """Under torch.compile/torch.export or jit tracing, shape checks would become guards: skip them there."""
-    return is_torchdynamo_compiling() or torch.jit.is_tracing()
-
-
-def _check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, allow_ignore: bool = False) -> None:
-    """A clear error for ids of the wrong type, rank or size, or outside the vocabulary, instead of a reshape or
-    IndexError from deep inside torch."""
-    if ids is None or _is_tracing():
-        return
-    if not isinstance(ids, torch.Tensor):
-        raise ValueError(f"`{name}` must be a torch.LongTensor of shape (batch, length), got {type(ids).__name__}.")
-    if ids.dim() != 2:
-        raise ValueError(f"`{name}` must have shape (batch, length), got shape {tuple(ids.shape)}.")
-    if ids.shape[0] == 0 or ids.shape[1] == 0:
-        raise ValueError(
-            f"`{name}` is empty (shape {tuple(ids.shape)}): it needs at least one sequence of at least one token "
-            "(the tokenizer adds </s> even to an empty sentence)."
-        )
-    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        raise ValueError(f"`{name}` must hold integer token ids, got dtype {ids.dtype}.")
-    low, high = torch.aminmax(ids)  # one pass; this check runs at every decoding step
-    if int(low) >= 0 and int(high) < vocab_size:
-        return
-    valid = (ids >= 0) & (ids < vocab_size)
-    if allow_ignore:
-        valid |= ids == -100
-    if not bool(valid.all()):
-        bad = ids[~valid]
-        raise ValueError(
-            f"`{name}` holds ids outside the vocabulary [0, {vocab_size}): e.g. {bad[:5].tolist()}"
-            f"{' (-100 marks ignored labels)' if allow_ignore else ''}. Do the tokenizer and the model config "
-            f"(vocab_size={vocab_size}) agree?"
-        )
-
-
-def _check_mask(name: str, mask: torch.Tensor | None, batch_size: int, lengths: tuple[int, ...], of: str) -> None:
-    if mask is None or mask.dim() != 2:  # 4D masks are passed through as the caller built them
-        return
-    if mask.shape[0] != batch_size or mask.shape[1] not in lengths:
-        raise ValueError(
-            f"`{name}` has shape {tuple(mask.shape)} but {of} needs (batch={batch_size}, length in {list(lengths)}): "
-            f"one 1/0 entry per token (1 = real token, 0 = padding)."
-        )
-
-
-class VanillaTransformerPreTrainedModel(PreTrainedModel):
-    config: VanillaTransformerConfig
-    base_model_prefix = "model"
-    supports_gradient_checkpointing = True
-    _no_split_modules = ["EncoderLayer", "DecoderLayer"]
-    _supports_sdpa = True
-    _supports_flash_attn = True
-    _supports_flex_attn = True
-    _can_compile_fullgraph = True
-
-    def __init__(self, config: VanillaTransformerConfig, *inputs, **kwargs):
-        super().__init__(config, *inputs, **kwargs)
-        # Saved folders load through every Auto class with trust_remote_code=True, where the package is not installed
-        # (save_pretrained alone would map only the config and the class being saved).
-        self.config.auto_map = {**AUTO_MAP, **(getattr(self.config, "auto_map", None) or {})}
-
-    def set_cpu_weight_packing(self, enabled: bool) -> None:
-        """Turn the packed CPU inference path (`config.cpu_weight_packing`, see `linear.py`) on or off for the
-        decoder's projections and `lm_head`, the products that decoding repeats once per token. Turning it off
-        frees the packed copies."""
-        self.config.cpu_weight_packing = enabled
-        decoders = [m for m in self.modules() if isinstance(m, VanillaTransformerDecoder)]
-        targets = [m for d in decoders for m in d.modules()] + [getattr(self, "lm_head", None)]
-        for module in targets:
-            if isinstance(module, Linear):
-                module.packed_inference = enabled
-                if not enabled:
-                    module.release_packed_weight()
-
-    def _init_weights(self, module: nn.Module) -> None:
-        """The paper does not state its initialisation. Every projection and embedding is drawn from N(0, init_std²)
-        (0.02, transformers' Marian/BART convention), biases zero, LayerNorm γ = 1, β = 0. `init_std=None` selects
-        fairseq's scheme instead: Xavier-uniform projections and N(0, d_model^-1) embeddings.
-
-        Deviation from fairseq's scheme (kept as the opt-in `init_std=None`): with the shared embedding also serving as
-        the output projection, its d_model^-0.5 scale gives large initial logits and trains markedly worse under short
-        warmups and gradient clipping (docs/TRAINING.md, "Initialisation"); N(0, 0.02) trains well under both the
-        paper's recipe and common fine-tuning recipes.
-        """
-        std = self.config.init_std
-        if isinstance(module, nn.Linear):
-            if module is getattr(self, "lm_head", None) and self.config.tie_word_embeddings:
-                return  # the shared embedding, initialised below
-            if std is None:
-                init.xavier_uniform_(module.weight)
-            else:
-                init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, mean=0.0, std=std if std is not None else self.config.d_model**-0.5)
-            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
-                with torch.no_grad():
-                    module.weight[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
-        if getattr(module, "final_logits_bias", None) is not None:
-            init.zeros_(module.final_logits_bias)
-
-
-class TransformerStack(VanillaTransformerPreTrainedModel):
-    """What the encoder and decoder stacks share: the input representation (§3.4, §3.5) and N identical layers."""
-
-    def __init__(
-        self, config: VanillaTransformerConfig, layer_class: type[nn.Module], num_layers: int, vocab_size: int
-    ):
-        super().__init__(config)
-        self.embed_tokens = nn.Embedding(vocab_size, config.d_model, config.pad_token_id)
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_positions = SinusoidalPositionalEncoding(config.d_model)
-        self.dropout = config.dropout
-        self.layers = nn.ModuleList([layer_class(config, layer_idx=i) for i in range(num_layers)])
-        # Deviation from paper: pre-LN stacks need a final LayerNorm; post-LN (the paper) has none.
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
-        self.gradient_checkpointing = False
-        self.post_init()
-
-    def input_representation(self, inputs_embeds: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
-        """Embeddings × √d_model plus the positional encodings of positions offset, offset + 1, ..., then dropout on
-        the sum (§3.4, §3.5, §5.4). inputs_embeds: (batch, len, d_model) → (batch, len, d_model)."""
-        positions = self.embed_positions(inputs_embeds.shape[1], offset=offset, device=inputs_embeds.device)
-        hidden_states = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)  # (batch, len, d_model)
-        return dropout(hidden_states, self.dropout, self.training)
-
-
-class VanillaTransformerEncoder(TransformerStack):
-    """The encoder stack: (embeddings × √d_model + PE) → dropout → N × EncoderLayer (§3.1)."""
-
-    _can_record_outputs = {
-        "hidden_states": EncoderLayer,
-        "attentions": OutputRecorder(MultiHeadAttention, index=1, layer_name="self_attn"),
-    }
-
-    def __init__(self, config: VanillaTransformerConfig):
-        super().__init__(config, EncoderLayer, config.encoder_layers, config.vocab_size)
-
-    @merge_with_config_defaults
-    @capture_outputs
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        **kwargs,
-    ) -> BaseModelOutput:
-        """input_ids: (batch, src_len); attention_mask: (batch, src_len), 1 = token, 0 = padding."""
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds` to the encoder.")
-        if inputs_embeds is None:
-            _check_token_ids("input_ids", input_ids, self.config.vocab_size)
-            inputs_embeds = self.embed_tokens(input_ids)
-        batch_size, src_len = inputs_embeds.shape[:2]
-        _check_mask("attention_mask", attention_mask, batch_size, (src_len,), "the source of shape (batch, src_len)")
-
-        hidden_states = self.input_representation(inputs_embeds)
-
-        attention_mask = create_bidirectional_mask(
-            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
-        )
-        for layer in self.layers:
-            hidden_states = layer(hidden_states, attention_mask, **kwargs)
-        if self.layer_norm is not None:
-            hidden_states = self.layer_norm(hidden_states)
-        return BaseModelOutput(last_hidden_state=hidden_states)
-
-
-class VanillaTransformerDecoder(TransformerStack):
-    """The decoder stack: (embeddings × √d_model + PE) → dropout → N × DecoderLayer (§3.1).
-
-    Positions continue from the cache length, so incremental decoding sees the same encodings as a full pass.
-    """
-
-    _can_record_outputs = {
-        "hidden_states": DecoderLayer,
-        "attentions": OutputRecorder(MultiHeadAttention, index=1, layer_name="self_attn"),
-        "cross_attentions": OutputRecorder(MultiHeadAttention, index=1, layer_name="encoder_attn"),
-    }
-
-    def __init__(self, config: VanillaTransformerConfig):
-        super().__init__(config, DecoderLayer, config.decoder_layers, config.target_vocab_size)
-        self.set_cpu_weight_packing(config.cpu_weight_packing)
-
-    @merge_with_config_defaults
-    @capture_outputs
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        encoder_hidden_states: torch.Tensor | None = None,
-        encoder_attention_mask: torch.Tensor | None = None,
-        cache: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        **kwargs,
-    ) -> BaseModelOutputWithPastAndCrossAttentions:
-        """input_ids: (batch, tgt_len) new tokens; encoder_hidden_states: (batch, src_len, d_model);
-        cache: an `EncoderDecoderCache` (self-attention keys/values so far, cross-attention keys/values)."""
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError(
-                "Pass exactly one of `decoder_input_ids` or `decoder_inputs_embeds`; to train, pass `labels` and the "
-                "decoder inputs are built from them."
-            )
-        if encoder_hidden_states is None:
-            raise ValueError("The decoder needs `encoder_hidden_states` to attend to (§3.2.3).")
-        if inputs_embeds is None:
-            _check_token_ids("decoder_input_ids", input_ids, self.embed_tokens.num_embeddings)
-            inputs_embeds = self.embed_tokens(input_ids)
-        batch_size, tgt_len = inputs_embeds.shape[:2]
-
-        if use_cache and cache is None:
-            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        past_len = cache.get_seq_length() if cache is not None else 0
-        if not is_torchdynamo_compiling():
-            if encoder_hidden_states.shape[0] != batch_size:
-                raise ValueError(
-                    f"The decoder input has batch size {batch_size} but the encoder output "
-                    f"{encoder_hidden_states.shape[0]}: `decoder_input_ids`/`labels` need one row per source row."
-                )
-            _check_mask(
-                "decoder_attention_mask", attention_mask, batch_size, (tgt_len, int(past_len) + tgt_len),
-                "the decoder input of shape (batch, past + tgt_len)",
-            )  # fmt: skip
-            _check_mask(
-                "attention_mask", encoder_attention_mask, batch_size, (encoder_hidden_states.shape[1],),
-                "the encoder output of shape (batch, src_len)",
-            )  # fmt: skip
-
-        hidden_states = self.input_representation(inputs_embeds, offset=past_len)
-
-        mask_over_new_tokens_only = (
-            attention_mask is not None
-            and attention_mask.dim() == 2
-            and not is_torchdynamo_compiling()
-            and attention_mask.shape[1] == tgt_len
-            and int(past_len) > 0
-        )
-        if mask_over_new_tokens_only:  # every cached token stays visible
-            attention_mask = torch.cat([attention_mask.new_ones(batch_size, int(past_len)), attention_mask], dim=1)
-        self_attn_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-        causal_mask = create_causal_mask(
-            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask, cache=self_attn_cache
-        )
-        cross_mask = create_bidirectional_mask(
-            config=self.config,
-            inputs_embeds=hidden_states,
-            attention_mask=encoder_attention_mask,
-            encoder_hidden_states=encoder_hidden_states,
-        )
-        for layer in self.layers:
-            hidden_states = layer(
-                hidden_states,
-                causal_mask,
-                encoder_hidden_states,  # positional, for activation checkpointing
-                encoder_attention_mask=cross_mask,
-                cache=cache,
-                use_cache=use_cache,
-                **kwargs,
-            )
-        if self.layer_norm is not None:
-            hidden_states = self.layer_norm(hidden_states)
-        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, cache=cache)
 
 
 class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
@@ -393,7 +117,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
         """Encode the source (unless `encoder_outputs` are given), then decode `decoder_input_ids` with the cache.
 
@@ -405,7 +129,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             )
         if encoder_outputs is None:
             if input_ids is not None and attention_mask is not None and attention_mask.dim() == 2:
-                _check_mask("attention_mask", attention_mask, input_ids.shape[0], (input_ids.shape[1],), "`input_ids`")
+                check_mask("attention_mask", attention_mask, input_ids.shape[0], (input_ids.shape[1],), "`input_ids`")
             encoder_outputs = self.encoder(
                 input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
             )
@@ -459,7 +183,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
 
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate`, unchanged in what it returns. On CPU in fp32, with `config.cpu_weight_packing`,
-        the decoder's and `lm_head`'s products run on weights packed once by oneDNN (see `linear.py`)."""
+        the decoder's and `lm_head`'s products run on weights packed once by oneDNN (see `kernels.py`)."""
         config = kwargs.get("generation_config")
         for name in ("num_beams", "max_new_tokens"):
             value = kwargs.get(name, getattr(config, name, None))
@@ -499,25 +223,19 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         label_smoothing: float = 0.0,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
-        """As `VanillaTransformerModel.forward`, plus `labels` (batch, tgt_len) with -100 for ignored positions:
+        """As `VanillaTransformerModel.forward`, plus `labels` (batch, tgt_len) with `IGNORE_INDEX` (-100) for ignored
+        positions:
         when given, the loss is returned and missing decoder inputs are the labels shifted right.
         `label_smoothing` is ε of §5.4 (`TranslationTrainer` passes the Trainer's `label_smoothing_factor`)."""
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         if labels is not None:
-            _check_token_ids("labels", labels, self.config.target_vocab_size, allow_ignore=True)
+            check_token_ids("labels", labels, self.config.target_vocab_size, allow_ignore=True)
             source = input_ids if input_ids is not None else inputs_embeds
-            if (
-                isinstance(source, torch.Tensor)
-                and source.dim() > 1
-                and not _is_tracing()
-                and labels.shape[0] != len(source)
-            ):
-                raise ValueError(
-                    f"`labels` has batch size {labels.shape[0]} but the inputs have {source.shape[0]}: one row of "
-                    "target ids per source row."
-                )
+            if isinstance(source, torch.Tensor) and source.dim() > 1:
+                hint = "one row of target ids per source row."
+                check_batch_size("`labels`", labels.shape[0], source.shape[0], "the inputs have", hint)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
@@ -557,13 +275,22 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         )
 
 
+# The building blocks are importable from here too: after a remote-code load this module is the only one users can
+# name (e.g. for FSDP's `transformer_layer_cls={EncoderLayer, DecoderLayer}`).
 __all__ = [
-    "VanillaTransformerPreTrainedModel",
+    "AUTO_MAP",
+    "DecoderLayer",
+    "EncoderLayer",
+    "InputRepresentation",
+    "MultiHeadAttention",
+    "SinusoidalPositionalEncoding",
     "TransformerStack",
-    "VanillaTransformerEncoder",
+    "VanillaTransformerConfig",
     "VanillaTransformerDecoder",
-    "VanillaTransformerModel",
+    "VanillaTransformerEncoder",
     "VanillaTransformerForConditionalGeneration",
-    "shift_tokens_right",
+    "VanillaTransformerModel",
+    "VanillaTransformerPreTrainedModel",
     "seq2seq_cross_entropy",
+    "shift_tokens_right",
 ]

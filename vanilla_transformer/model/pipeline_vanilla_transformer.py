@@ -2,7 +2,7 @@
 
 transformers 5 removed its built-in translation pipeline; this file brings it back for our models. It is shipped
 next to Hub checkpoints (`custom_pipelines` in config.json), so `pipeline("translation", model=repo,
-trust_remote_code=True)` works where the package is not installed; it imports only torch and transformers.
+trust_remote_code=True)` works where the package is not installed; it imports only transformers.
 """
 
 from typing import Any

@@ -1,13 +1,15 @@
-"""`Linear`'s packed CPU decoding path against `nn.functional.linear`, and the model's use of it in `generate()`."""
+"""The speed paths of `kernels.py` against the plain torch operations: `Linear`'s packed CPU decoding path (and the
+model's use of it in `generate()`), the CPU dropout, and the one tracing check."""
 
 import pytest
 import torch
+from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from tests.conftest import make_model, padded_batch
-from vanilla_transformer.model.linear import _PACKED, Linear, _onednn_available, packed_weights
+from vanilla_transformer.model.kernels import _PACKED, Linear, _onednn_available, dropout, is_tracing, packed_weights
 
-pytestmark = pytest.mark.skipif(not _onednn_available(), reason="torch built without oneDNN: nothing is packed")
+needs_onednn = pytest.mark.skipif(not _onednn_available(), reason="torch built without oneDNN: nothing is packed")
 
 
 def _ops(fn) -> set[str]:
@@ -22,6 +24,7 @@ def _packed(module: torch.nn.Module) -> Linear:
     return layer
 
 
+@needs_onednn
 @pytest.mark.parametrize("shape", [(1, 13), (3, 1, 13), (2, 5, 13)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_packed_path_matches_functional_linear(shape, bias):
@@ -35,6 +38,7 @@ def test_packed_path_matches_functional_linear(shape, bias):
     assert "mkldnn::_linear_pointwise" not in _ops(lambda: layer(x))  # the block is closed
 
 
+@needs_onednn
 def test_default_path_with_autograd_or_without_permission():
     torch.manual_seed(0)
     layer = _packed(Linear(13, 7))
@@ -50,6 +54,7 @@ def test_default_path_with_autograd_or_without_permission():
             assert "mkldnn::_linear_pointwise" not in _ops(lambda: double(x.double()))
 
 
+@needs_onednn
 @pytest.mark.parametrize("update", ["fused_adamw", "copy_", "new_storage"])
 def test_a_changed_weight_is_repacked(update):
     """A fused optimizer step changes the weight without bumping its version counter: the value sample catches it."""
@@ -74,6 +79,7 @@ def test_a_changed_weight_is_repacked(update):
         torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-6)
 
 
+@needs_onednn
 def test_generate_is_unchanged_by_packing():
     """Greedy and beam search with packed weights against the same model with packing switched off."""
     model = make_model(seed=3)
@@ -90,6 +96,7 @@ def test_generate_is_unchanged_by_packing():
         torch.testing.assert_close(torch.stack(a.scores), torch.stack(b.scores), rtol=1e-5, atol=1e-5)
 
 
+@needs_onednn
 def test_config_switch_reaches_every_decoder_projection():
     model = make_model(seed=3, cpu_weight_packing=False)
     linears = [m for m in model.modules() if isinstance(m, Linear)]
@@ -97,3 +104,37 @@ def test_config_switch_reaches_every_decoder_projection():
     model.set_cpu_weight_packing(True)
     decoder = {id(m) for m in model.model.decoder.modules()} | {id(model.lm_head)}
     assert all(m.packed_inference == (id(m) in decoder) for m in linears)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_dropout_zeroes_a_fraction_p_and_rescales_the_rest(p):
+    """Against the definition (§5.4) and torch's own dropout: same keep rate, same scaling, same gradient rule."""
+    torch.manual_seed(0)
+    x = torch.randn(256, 4096, requires_grad=True)
+    y = dropout(x, p, training=True)
+    kept = y != 0
+    assert abs(1 - kept.float().mean().item() - p) < 0.003  # 1M draws: 4+ standard deviations
+    reference = nn.functional.dropout(x, p, training=True) != 0
+    assert abs(kept.float().mean().item() - reference.float().mean().item()) < 0.004
+    torch.testing.assert_close(y[kept], x[kept] / (1 - p))
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, kept.float() / (1 - p))
+    assert dropout(x, p, training=False) is x and dropout(x, 0.0, training=True) is x
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
+def test_is_tracing_only_while_a_graph_is_captured():
+    seen = []
+
+    def probe(x):
+        seen.append(is_tracing())
+        return x + 1
+
+    probe(torch.zeros(2))
+    assert seen == [False]
+    seen.clear()
+    torch.compile(probe, fullgraph=True, backend="eager")(torch.zeros(2))
+    assert seen and all(seen)
+    seen.clear()
+    torch.jit.trace(probe, torch.zeros(2), check_trace=False)
+    assert seen == [True]
