@@ -46,8 +46,8 @@ class EncoderWithCrossKV(nn.Module):
         outputs = [hidden]  # (batch, src_len, d_model)
         for attention in self.cross_attentions:
             # the projections and head split the attention layer applies to the encoder output at the first step
-            outputs.append(attention._split_heads(attention.k_proj(hidden)))  # (batch, heads, src_len, d_head)
-            outputs.append(attention._split_heads(attention.v_proj(hidden)))
+            outputs.append(attention.split_heads(attention.k_proj(hidden)))  # (batch, heads, src_len, d_head)
+            outputs.append(attention.split_heads(attention.v_proj(hidden)))
         return tuple(outputs)
 
 

@@ -90,7 +90,8 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = Linear(d_model, d_model)
         self.out_proj = Linear(d_model, d_model)
 
-    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """One projection's output as h heads of d_k (§3.2.2); the ONNX encoder graph reuses it for cross-attention."""
         # (batch, len, d_model) -> (batch, len, heads, d_k) -> (batch, heads, len, d_k)
         return x.view(*x.shape[:-1], -1, self.head_dim).transpose(1, 2)
 
@@ -106,7 +107,7 @@ class MultiHeadAttention(nn.Module):
         key_value_states: (batch, src_len, d_model) encoder output for cross-attention.
         Returns the (batch, tgt_len, d_model) output and the attention weights (eager only, else None)."""
         is_cross_attention = key_value_states is not None
-        query = self._split_heads(self.q_proj(hidden_states))  # (batch, heads, tgt_len, d_k)
+        query = self.split_heads(self.q_proj(hidden_states))  # (batch, heads, tgt_len, d_k)
 
         sub_cache, cross_is_cached = cache, False
         if isinstance(cache, EncoderDecoderCache):
@@ -119,8 +120,8 @@ class MultiHeadAttention(nn.Module):
             value = sub_cache.layers[self.layer_idx].values
         else:
             source = key_value_states if is_cross_attention else hidden_states
-            key = self._split_heads(self.k_proj(source))  # (batch, heads, src_len, d_k)
-            value = self._split_heads(self.v_proj(source))
+            key = self.split_heads(self.k_proj(source))  # (batch, heads, src_len, d_k)
+            value = self.split_heads(self.v_proj(source))
             if sub_cache is not None:
                 key, value = sub_cache.update(key, value, self.layer_idx)
                 if is_cross_attention and isinstance(cache, EncoderDecoderCache):
