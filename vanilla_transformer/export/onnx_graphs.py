@@ -140,26 +140,15 @@ def _export(model: nn.Module, encoder_path: Path, decoder_path: Path, opset: int
     num_layers = model.config.decoder_layers
     encoder_args, decoder_args = _sample_inputs(model.config)
     encoder_shapes, decoder_shapes = _dynamic_shapes(num_layers)
+    graphs = [
+        (EncoderWithCrossKV(model), encoder_args, encoder_path, list(ENCODER_INPUTS), encoder_output_names(num_layers),
+         encoder_shapes),
+        (DecoderStep(model), decoder_args, decoder_path, decoder_input_names(num_layers),
+         decoder_output_names(num_layers), decoder_shapes),
+    ]  # fmt: skip
     with torch.no_grad():
-        torch.onnx.export(
-            EncoderWithCrossKV(model).eval(),
-            encoder_args,
-            encoder_path,
-            dynamo=True,
-            input_names=list(ENCODER_INPUTS),
-            output_names=encoder_output_names(num_layers),
-            dynamic_shapes=encoder_shapes,
-            opset_version=opset,
-            external_data=False,
-        )
-        torch.onnx.export(
-            DecoderStep(model).eval(),
-            decoder_args,
-            decoder_path,
-            dynamo=True,
-            input_names=decoder_input_names(num_layers),
-            output_names=decoder_output_names(num_layers),
-            dynamic_shapes=decoder_shapes,
-            opset_version=opset,
-            external_data=False,
-        )
+        for module, args, path, input_names, output_names, dynamic_shapes in graphs:
+            torch.onnx.export(
+                module.eval(), args, path, dynamo=True, input_names=input_names, output_names=output_names,
+                dynamic_shapes=dynamic_shapes, opset_version=opset, external_data=False,
+            )  # fmt: skip
