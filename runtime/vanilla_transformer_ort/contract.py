@@ -16,6 +16,10 @@ MANIFEST_FILE = "manifest.json"
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 TOKENIZER_FILE = "tokenizer.json"
+# A saved tokenizer: `save_pretrained` (transformers 5) writes the first two files; folders saved by older versions
+# also hold the special-tokens map, which is copied along where present.
+SAVED_TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json")
+TOKENIZER_FILES = (*SAVED_TOKENIZER_FILES, "special_tokens_map.json")
 MANIFEST_FORMAT = "vanilla-transformer-onnx"
 MANIFEST_FORMAT_VERSION = 1
 

@@ -19,6 +19,8 @@ import torch
 from ctranslate2.converters import utils as converter_utils
 from ctranslate2.specs import common_spec, transformer_spec
 
+from vanilla_transformer_ort.contract import TOKENIZER_FILES
+
 from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..model.embeddings import sinusoidal_positional_encoding
 from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
@@ -27,7 +29,6 @@ QUANTIZATIONS = ("int8", "int8_float32", "float16")
 MIN_POSITIONS = 1024  # default rows of the position table: max(MIN_POSITIONS, config.max_position_embeddings)
 # CTranslate2 activations by transformers name (ACT2FN's "gelu" is the exact erf form: CTranslate2's GELU).
 ACTIVATION_NAMES = {"relu": "RELU", "gelu": "GELU", "silu": "SWISH", "swish": "SWISH"}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def default_max_positions(config: VanillaTransformerConfig) -> int:

@@ -21,13 +21,12 @@ from vanilla_transformer_ort.contract import (
     MANIFEST_FORMAT,
     MANIFEST_FORMAT_VERSION,
     TOKENIZER_FILE,
+    TOKENIZER_FILES,
 )
 
 from .onnx_graphs import DEFAULT_OPSET, export_graphs
 from .onnx_helper_graphs import write_beam_scores_graph, write_cache_reorder_graph
 from .onnx_variants import optimize_variant
-
-TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json")
 
 
 def _graph_io(path: Path) -> dict:

@@ -13,16 +13,14 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 from transformers.utils import logging
 
+from vanilla_transformer_ort.contract import SAVED_TOKENIZER_FILES, TOKENIZER_FILES  # noqa: F401 (re-exported)
+
 logger = logging.get_logger(__name__)
 
 PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)  # position in this tuple = token id
 SPECIAL_TOKEN_IDS = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
 DEFAULT_VOCAB_SIZE = 37000
-# A saved tokenizer: `save_pretrained` (transformers 5) writes the first two files; folders saved by older versions
-# also hold the special-tokens map, which is copied along where present.
-SAVED_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-TOKENIZER_FILES = (*SAVED_TOKENIZER_FILES, "special_tokens_map.json")
 
 
 def train_bpe_tokenizer(
