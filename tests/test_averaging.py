@@ -17,16 +17,25 @@ def run_dir(tmp_path, toy_tokenizer_dir):
         path = tmp_path / f"checkpoint-{step}"
         tiny_model(tokenizer, seed=seed).save_pretrained(path)
         tokenizer.save_pretrained(path)
+        (path / "trainer_state.json").write_text("{}")  # the Trainer writes it last: the checkpoint is complete
     (tmp_path / "checkpoint-notanumber").mkdir()
     return tmp_path
 
 
 def test_last_checkpoints_in_step_order(run_dir):
     assert [p.name for p in last_checkpoints(run_dir, 3)] == ["checkpoint-10", "checkpoint-20", "checkpoint-100"]
-    with pytest.raises(ValueError, match="has 4 checkpoints, fewer than the 5 requested"):
+    with pytest.raises(ValueError, match="has 4 complete checkpoints, fewer than the 5 requested"):
         last_checkpoints(run_dir, 5)
     with pytest.raises(FileNotFoundError, match="not found"):
         last_checkpoints(run_dir / "nope", 1)
+
+
+def test_incomplete_checkpoints_are_not_averaged(run_dir, tmp_path, caplog):
+    (run_dir / "checkpoint-200").mkdir()  # a save cut short: no weights, no trainer state
+    (run_dir / "checkpoint-150").mkdir()
+    (run_dir / "checkpoint-150" / "model.safetensors").write_bytes(b"")  # weights written, trainer state not
+    assert [p.name for p in last_checkpoints(run_dir, 2)] == ["checkpoint-20", "checkpoint-100"]
+    assert "Skipping incomplete checkpoint" in caplog.text and "checkpoint-200" in caplog.text
 
 
 def test_average_equals_numpy_mean_and_loads(run_dir, tmp_path):

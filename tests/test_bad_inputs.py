@@ -200,7 +200,7 @@ ROWS = [
      ValueError, ["batch_size must be >= 1"]),
     ("average/no-checkpoints",
      script("scripts/average_checkpoints.py", "--run_dir", "{tmp}", "--output_dir", "{tmp}/a"),
-     ValueError, ["0 checkpoints", "--num_checkpoints"]),
+     ValueError, ["0 complete checkpoints", "--num_checkpoints"]),
     ("average/count-0",
      script("scripts/average_checkpoints.py", "--run_dir", "{tmp}", "--output_dir", "{tmp}/a", "--num_checkpoints",
             "0"),

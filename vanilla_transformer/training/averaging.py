@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -12,10 +11,9 @@ from safetensors.torch import load_file
 from transformers.utils import logging
 
 from .tokenization import TOKENIZER_FILES
+from .trainer import numbered_checkpoints
 
 logger = logging.get_logger(__name__)
-
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
 def last_checkpoints(run_dir: str | os.PathLike, count: int) -> list[Path]:
@@ -23,17 +21,13 @@ def last_checkpoints(run_dir: str | os.PathLike, count: int) -> list[Path]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"Training output folder not found: {run_dir}.")
-    found = sorted(
-        (int(match.group(1)), path)
-        for path in run_dir.iterdir()
-        if path.is_dir() and (match := _CHECKPOINT.match(path.name))
-    )
+    found = numbered_checkpoints(run_dir, complete_only=True)
     if count < 1:
         raise ValueError(f"The number of checkpoints to average must be >= 1 (got {count}).")
     if len(found) < count:
         raise ValueError(
-            f"{run_dir} has {len(found)} checkpoints, fewer than the {count} requested; lower --num_checkpoints or "
-            "train with a smaller --save_steps (and a larger --save_total_limit)."
+            f"{run_dir} has {len(found)} complete checkpoints, fewer than the {count} requested; lower "
+            "--num_checkpoints or train with a smaller --save_steps (and a larger --save_total_limit)."
         )
     return [path for _, path in found[-count:]]
 
@@ -116,11 +110,7 @@ def average_with_checkpoints(model: torch.nn.Module, run_dir: str | os.PathLike,
     if count < 2:
         raise ValueError(f"Averaging needs at least 2 states (got {count}).")
     run_dir = Path(run_dir)
-    earlier = sorted(
-        (int(match.group(1)), path)
-        for path in (run_dir.iterdir() if run_dir.is_dir() else [])
-        if path.is_dir() and (match := _CHECKPOINT.match(path.name)) and int(match.group(1)) < step
-    )[-(count - 1) :]
+    earlier = [(n, path) for n, path in numbered_checkpoints(run_dir, complete_only=True) if n < step][-(count - 1) :]
     if len(earlier) < count - 1:
         logger.warning(
             f"Averaging {len(earlier) + 1} states instead of {count}: {run_dir} has {len(earlier)} checkpoints before "

@@ -121,18 +121,32 @@ def is_complete_checkpoint(folder: str | os.PathLike) -> bool:
     return (folder / TRAINER_STATE_FILE).is_file() and weights
 
 
+def numbered_checkpoints(run_dir: str | os.PathLike, complete_only: bool = False) -> list[tuple[int, Path]]:
+    """(step, folder) of every `checkpoint-<step>` folder of a training run, by step; with `complete_only`, the
+    incomplete ones (a save that was interrupted) are left out with a warning."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = sorted(
+        (int(m.group(1)), child)
+        for child in run_dir.iterdir()
+        if child.is_dir() and (m := _CHECKPOINT_NAME.match(child.name))
+    )
+    if not complete_only:
+        return found
+    complete = []
+    for step, folder in found:
+        if is_complete_checkpoint(folder):
+            complete.append((step, folder))
+        else:
+            logger.warning(f"Skipping incomplete checkpoint {folder} (no {TRAINER_STATE_FILE} or weights).")
+    return complete
+
+
 def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     """The highest-numbered complete `checkpoint-N` in `output_dir`; incomplete ones (a save that was interrupted)
     are skipped with a warning."""
-    output_dir = Path(output_dir)
-    if not output_dir.is_dir():
-        return None
-    found = sorted(
-        (int(m.group(1)), child)
-        for child in output_dir.iterdir()
-        if child.is_dir() and (m := _CHECKPOINT_NAME.match(child.name))
-    )
-    for _, folder in reversed(found):
+    for _, folder in reversed(numbered_checkpoints(output_dir)):
         if is_complete_checkpoint(folder):
             return folder
         logger.warning(f"Skipping incomplete checkpoint {folder} (no {TRAINER_STATE_FILE} or weights).")
