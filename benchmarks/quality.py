@@ -7,7 +7,7 @@ label smoothing 0.1, token-budget batches of --max_tokens) and `reference` (a pl
 1.0, batches of 64 pairs grouped by length).
 
     python -m benchmarks.quality --preset small --steps 2000 --recipe reference --seeds 0 1
-    python -m benchmarks.quality --preset small --steps 2000 --recipe package --warmup_steps 500 --learning_rate 1e-3
+    python -m benchmarks.quality --preset small --steps 2000 --recipe package --warmup_steps 500 --learning_rate 2e-3
 
 This is a benchmark, not a test: it takes minutes to hours depending on --steps and --preset.
 """
