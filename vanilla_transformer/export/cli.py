@@ -28,16 +28,22 @@ Options, the length limit and measured speed are in export/README.md ("CTranslat
 """
 
 
+def _export_parser(doc: str, output_help: str) -> argparse.ArgumentParser:
+    """The options every exporter takes: the model folder, the folder to write, and an optional tokenizer folder."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="save_pretrained folder (config, weights, tokenizer)")
+    parser.add_argument("--output", required=True, help=output_help)
+    parser.add_argument("--tokenizer", default=None, help="folder with tokenizer.json (default: --model)")
+    return parser
+
+
 def export_onnx_main(argv: list[str] | None = None) -> int:
     """`export_model`, then `validate_folder` with `--validate`; prints the files written. Returns the exit status."""
     from .onnx_export import export_model
     from .onnx_graphs import DEFAULT_OPSET
     from .onnx_validation import FP32_TOLERANCE, validate_folder
 
-    parser = argparse.ArgumentParser(description=EXPORT_ONNX_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="save_pretrained folder (config, weights, tokenizer)")
-    parser.add_argument("--output", required=True, help="export folder to write")
-    parser.add_argument("--tokenizer", default=None, help="folder with tokenizer.json (default: --model)")
+    parser = _export_parser(EXPORT_ONNX_DOC, "export folder to write")
     parser.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32", help="fp16 is meant for GPU serving")
     parser.add_argument("--quantize", choices=["int8"], default=None, help="dynamic int8 quantization (CPU)")
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET)
@@ -78,12 +84,7 @@ def export_ctranslate2_main(argv: list[str] | None = None) -> int:
     """`export_ctranslate2` with the command-line options; prints the files written. Returns the exit status."""
     from .ctranslate2_export import QUANTIZATIONS, export_ctranslate2  # needs the ctranslate2 package
 
-    parser = argparse.ArgumentParser(
-        description=EXPORT_CTRANSLATE2_DOC, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", required=True, help="save_pretrained folder (config, weights, tokenizer)")
-    parser.add_argument("--output", required=True, help="CTranslate2 model folder to write")
-    parser.add_argument("--tokenizer", default=None, help="folder with tokenizer.json (default: --model)")
+    parser = _export_parser(EXPORT_CTRANSLATE2_DOC, "CTranslate2 model folder to write")
     parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None, help="weight type (default float32)")
     parser.add_argument(
         "--max_positions",
