@@ -36,7 +36,10 @@ def test_main_job_on_a_tiny_catalog(tmp_path):
     assert (job / "data" / "train.tsv").read_text().startswith("en\tde\n")
     assert (job / "model" / "cross_attention.png").is_file() and (job / "model" / "training_curves.png").is_file()
     assert list((job / "model" / "runs").glob("*/events.out.tfevents.*"))  # TensorBoard logs
-    assert AutoModelForSeq2SeqLM.from_pretrained(job / "model").config.d_model == 32
+    model = AutoModelForSeq2SeqLM.from_pretrained(job / "model")
+    assert model.config.d_model == 32
+    # The main job decodes with length penalty 1.0 (TRAINING.md), and the saved model keeps it for generate().
+    assert model.generation_config.length_penalty == 1.0 and model.generation_config.num_beams == 4
 
 
 def test_main_job_without_catalogs_says_what_to_do(tmp_path):

@@ -52,6 +52,9 @@ class MainJobArguments:
     max_tokens: int = _arg(1024, "Token budget per batch and side.")
     warmup_steps: int = _arg(500, "Noam warmup; the paper's 4000 would not finish within a CPU budget.")
     learning_rate: float = _arg(2e-3, "Noam peak; Eq. 3 gives 1e-3 for d_model 256, 2e-3 trains faster (TRAINING.md).")
+    length_penalty: float = _arg(
+        1.0, "Beam length penalty (score / length**alpha); 1.0 measured above the paper's 0.6 (TRAINING.md)."
+    )
     eval_steps: int = _arg(500, "Validate (beam search, BLEU on --max_eval_samples pairs) every N steps.")
     save_steps: int = _arg(100, "Save a checkpoint every N steps (the last ones are averaged).")
     average_checkpoints: int = _arg(5, "Average the final weights with the last N-1 checkpoints (§6.1); 0: off.")
@@ -112,7 +115,9 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
         report_to=["tensorboard"], use_cpu=True, per_device_eval_batch_size=64, disable_tqdm=True,
         generation_max_length=args.max_length + 16,  # gettext messages are short; bounds an untrained model's output
     )  # fmt: skip
-    recipe = RecipeArguments(max_tokens=args.max_tokens, average_checkpoints=args.average_checkpoints)
+    recipe = RecipeArguments(
+        max_tokens=args.max_tokens, average_checkpoints=args.average_checkpoints, length_penalty=args.length_penalty
+    )
     model_args = ModelArguments(preset=args.preset, config_overrides=args.config_overrides)
     # The time budget ends training (max_steps is a ceiling only); the noam schedule does not depend on either.
     results = run_training(
