@@ -190,6 +190,31 @@ def test_clean_pairs_rules():
     assert clean_pairs(pairs) == [("a b c", "x y z")]
 
 
+def test_clean_pairs_keeps_identical_pairs_only_when_asked_and_after_translations():
+    pairs = [("Xbase", "Xbase"), ("Close", "Close"), ("Close", "Schließen"), ("a", "a")]
+    assert clean_pairs(pairs) == [("Close", "Schließen")]
+    assert clean_pairs(pairs, keep_identical=True) == [("Close", "Schließen"), ("Xbase", "Xbase")]
+
+
+def test_identical_gettext_pairs_only_ever_train(tmp_path):
+    locale = _tiny_locale(tmp_path, count=300)
+    names = {f"Model {i} ROM": f"Model {i} ROM" for i in range(200)}
+    write_mo(locale / "de" / "LC_MESSAGES" / "gamma.mo", names)
+    default = gettext_corpus("de", locale, min_pairs=10, valid_fraction=0.1, test_fraction=0.1)
+    copies = gettext_corpus("de", locale, min_pairs=10, valid_fraction=0.1, test_fraction=0.1, keep_identical=True)
+    for split in ("validation", "test"):
+        assert copies[split][:] == default[split][:]
+    added = set(copies["train"]["source"]) - set(default["train"]["source"])
+    assert added == {name for name in [*names, "OK"] if split_of(name, 0.1, 0.1) == "train"}
+    assert 120 < len(added) < 200
+    loaded = load_parallel_data(DataArguments(gettext_locale_dir=str(locale), gettext_min_pairs=10,
+                                              gettext_keep_identical=True))  # fmt: skip
+    plain = gettext_corpus("de", locale, min_pairs=10)["train"]["source"]
+    assert set(loaded["train"]["source"]) - set(plain) == {
+        name for name in [*names, "OK"] if split_of(name) == "train"
+    }
+
+
 def test_write_tsv_round_trips(tmp_path):
     dataset = DatasetDict({"train": Dataset.from_dict({"source": ["a b", "c"], "target": ["d", "e\tf"]})})
     paths = write_tsv(dataset, tmp_path, "en", "de")

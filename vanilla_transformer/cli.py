@@ -88,6 +88,9 @@ def train_tokenizer_command(argv: list[str] | None = None) -> Path:
     parser.add_argument(
         "--gettext_heldout_catalogs", nargs="*", default=[], help="Catalogs held out whole (see vt-train --help)."
     )
+    parser.add_argument(
+        "--gettext_keep_identical", action="store_true", help="Also train on identical pairs (see vt-train --help)."
+    )
     parser.add_argument("--model_max_length", type=int, default=1024)
     args = parser.parse_args(argv)
 
@@ -98,7 +101,7 @@ def train_tokenizer_command(argv: list[str] | None = None) -> Path:
         source_lang=args.source_lang, target_lang=args.target_lang, train_file=args.train_file,
         dataset_name=args.dataset_name, dataset_config_name=args.dataset_config_name,
         gettext_locale_dir=args.gettext_locale_dir, gettext_min_pairs=args.gettext_min_pairs,
-        gettext_heldout_catalogs=args.gettext_heldout_catalogs,
+        gettext_heldout_catalogs=args.gettext_heldout_catalogs, gettext_keep_identical=args.gettext_keep_identical,
     )  # fmt: skip
     train = load_parallel_data(data_args)["train"]  # the tokenizer never sees validation or test text
 

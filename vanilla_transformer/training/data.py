@@ -59,6 +59,13 @@ class DataArguments:
             "stack's interface catalogs): they become the test split, a text domain never trained on."
         },
     )
+    gettext_keep_identical: bool = field(
+        default=False,
+        metadata={
+            "help": "Also train on gettext pairs whose translation equals the source (names, formats, option "
+            "syntax): copying examples. Validation and test never contain them."
+        },
+    )
     tokenizer_name: str | None = field(
         default=None, metadata={"help": "Folder of a tokenizer from scripts/train_tokenizer.py (or a model folder)."}
     )
@@ -303,7 +310,7 @@ def load_parallel_data(args: DataArguments) -> DatasetDict:
             )
         dataset = gettext_corpus(
             args.target_lang, args.gettext_locale_dir, min_pairs=args.gettext_min_pairs,
-            heldout_catalogs=args.gettext_heldout_catalogs,
+            heldout_catalogs=args.gettext_heldout_catalogs, keep_identical=args.gettext_keep_identical,
         )  # fmt: skip
     if args.max_train_samples is not None:
         dataset["train"] = dataset["train"].select(range(min(args.max_train_samples, len(dataset["train"]))))

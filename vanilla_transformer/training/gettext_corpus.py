@@ -39,15 +39,24 @@ def fold_whitespace(text: str) -> str:
 
 
 def clean_pairs(
-    pairs: Iterable[tuple[str, str]], min_chars: int = 2, max_chars: int = 300, max_ratio: float = 3.0
+    pairs: Iterable[tuple[str, str]],
+    min_chars: int = 2,
+    max_chars: int = 300,
+    max_ratio: float = 3.0,
+    keep_identical: bool = False,
 ) -> list[tuple[str, str]]:
-    """Fold whitespace; drop identical sides, sides under `min_chars` or over `max_chars` characters, and length
-    ratios outside [1/max_ratio, max_ratio]; keep the first translation of each source sentence."""
+    """Fold whitespace; drop sides under `min_chars` or over `max_chars` characters, length ratios outside
+    [1/max_ratio, max_ratio] and, unless `keep_identical`, pairs whose sides are identical; keep the first
+    translation of each source sentence."""
     seen: set[str] = set()
-    cleaned = []
+    cleaned, identical = [], []
     for source, target in pairs:
         source, target = fold_whitespace(source), fold_whitespace(target)
-        if source == target or source in seen:
+        if source == target:
+            if keep_identical:
+                identical.append((source, target))  # after every translation, so that a translation wins
+            continue
+        if source in seen:
             continue
         if min(len(source), len(target)) < min_chars or max(len(source), len(target)) > max_chars:
             continue
@@ -55,6 +64,10 @@ def clean_pairs(
             continue
         seen.add(source)
         cleaned.append((source, target))
+    for source, target in identical:
+        if source not in seen and len(source) >= min_chars and len(source) <= max_chars:
+            seen.add(source)
+            cleaned.append((source, target))
     return cleaned
 
 
@@ -131,6 +144,7 @@ def gettext_corpus(
     valid_fraction: float = 0.02,
     test_fraction: float = 0.02,
     heldout_catalogs: Iterable[str] = (),
+    keep_identical: bool = False,
 ) -> DatasetDict:
     """The embedded default corpus: cleaned, de-duplicated English→`target_lang` gettext pairs split by hash.
 
@@ -138,10 +152,15 @@ def gettext_corpus(
     pair of those catalogs, a whole text domain the model never trains on, and any source sentence they contain is
     kept out of train and validation. Train and validation are the hash splits of the other catalogs, unchanged, and
     the pairs hashed to the usual test split are left out, so that train is the default's train minus those catalogs.
+
+    With `keep_identical`, pairs whose translation equals the source (names, file formats, option syntax that the
+    translator kept) are added to the training split, where they teach copying; validation and test stay as they are.
     """
     harvested = harvest_gettext_catalogs(target_lang, locale_dir)
     heldout = resolve_heldout_catalogs(heldout_catalogs, (name for name, _ in harvested))
-    pairs = clean_pairs(pair for _, catalog_pairs in harvested for pair in catalog_pairs)
+    pairs = clean_pairs(
+        (pair for _, catalog_pairs in harvested for pair in catalog_pairs), keep_identical=keep_identical
+    )
     if len(pairs) < min_pairs:
         raise ValueError(
             f"Only {len(pairs)} clean English→{target_lang} pairs were found in the gettext catalogs under "
@@ -154,6 +173,8 @@ def gettext_corpus(
     columns = {split: {"source": [], "target": []} for split in SPLITS}
     for source, target in pairs:
         split = split_of(source, valid_fraction, test_fraction)
+        if source == target and (split != "train" or source in heldout_sources):
+            continue  # identical pairs only ever train
         if heldout:
             if source in heldout_sources:
                 split = "test"
