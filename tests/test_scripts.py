@@ -59,7 +59,7 @@ def test_console_script_returns_an_exit_status(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_end_to_end(tmp_path, toy_data_dir, capsys):
+def test_end_to_end(tmp_path, toy_data_dir, capsys, monkeypatch):
     files = [f"--{kind}_file={toy_data_dir / name}.tsv" for kind, name in
              (("train", "train"), ("validation", "valid"), ("test", "test"))]  # fmt: skip
     tokenizer_dir = tmp_path / "tokenizer"
@@ -85,9 +85,15 @@ def test_end_to_end(tmp_path, toy_data_dir, capsys):
     assert any("eval_bleu" in entry for entry in logged) and any("loss" in entry for entry in logged)
     capsys.readouterr()
 
+    import vanilla_transformer.inference as inference
+
+    decoding = []
+    real_translate = inference.translate
+    monkeypatch.setattr(inference, "translate", lambda *a, **kw: decoding.append(kw) or real_translate(*a, **kw))
     scores = load_script("evaluate").main(["--model", str(run), "--test_file", str(toy_data_dir / "test.tsv"),
                                             "--max_samples", "5", "--num_beams", "2"])  # fmt: skip
     assert scores["pairs"] == 5 and 0 <= scores["bleu"] <= 100
+    assert decoding[-1]["num_beams"] == 2 and decoding[-1]["length_penalty"] is None  # None: the model's own
     (tmp_path / "in.txt").write_text("the red house.\nthe key is missing now.\n")
     translations = load_script("translate").main(["--model", str(run), "--input_file", str(tmp_path / "in.txt"),
                                                   "--output_file", str(tmp_path / "out.txt")])  # fmt: skip

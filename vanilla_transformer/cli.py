@@ -131,7 +131,9 @@ def evaluate_command(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--target_lang", default="de")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--num_beams", type=int, default=4)
-    parser.add_argument("--length_penalty", type=float, default=0.6)
+    parser.add_argument(
+        "--length_penalty", type=float, help="Default: the model's (0.6 after vt-train, 1.0 after the main job)."
+    )
     parser.add_argument("--max_samples", type=int, help="Score only the first N pairs.")
     parser.add_argument("--output_file", help="Also write the translations here.")
     parser.add_argument("--device")
@@ -167,7 +169,9 @@ def translate_command(argv: list[str] | None = None) -> list[str]:
     parser.add_argument("--output_file", help="Where to write translations (default: stdout).")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--num_beams", type=int, help="Beam size (default: the model's, 4 after paper training).")
-    parser.add_argument("--length_penalty", type=float, help="Default: the model's (0.6 after paper training).")
+    parser.add_argument(
+        "--length_penalty", type=float, help="Default: the model's (0.6 after vt-train, 1.0 after the main job)."
+    )
     parser.add_argument("--max_length", type=int, help="Longest output in tokens (default: the model's).")
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available).")
     args = parser.parse_args(argv)
