@@ -48,14 +48,12 @@ def clean_pairs(
     """Fold whitespace; drop sides under `min_chars` or over `max_chars` characters, length ratios outside
     [1/max_ratio, max_ratio] and, unless `keep_identical`, pairs whose sides are identical; keep the first
     translation of each source sentence."""
+    folded = [(fold_whitespace(source), fold_whitespace(target)) for source, target in pairs]
+    translations = [(source, target) for source, target in folded if source != target]
+    identical = [(source, target) for source, target in folded if source == target] if keep_identical else []
     seen: set[str] = set()
-    cleaned, identical = [], []
-    for source, target in pairs:
-        source, target = fold_whitespace(source), fold_whitespace(target)
-        if source == target:
-            if keep_identical:
-                identical.append((source, target))  # after every translation, so that a translation wins
-            continue
+    cleaned = []
+    for source, target in translations + identical:  # identical pairs last: a translation of the source wins
         if source in seen:
             continue
         if min(len(source), len(target)) < min_chars or max(len(source), len(target)) > max_chars:
@@ -64,10 +62,6 @@ def clean_pairs(
             continue
         seen.add(source)
         cleaned.append((source, target))
-    for source, target in identical:
-        if source not in seen and len(source) >= min_chars and len(source) <= max_chars:
-            seen.add(source)
-            cleaned.append((source, target))
     return cleaned
 
 
