@@ -148,3 +148,24 @@ def test_non_finite_loss_stops_before_the_update_and_names_the_step(
     assert all(torch.isfinite(value).all() for value in weights.values())
     assert not (tmp_path / "model.safetensors").exists()  # no final model saved from a broken run
     shutil.rmtree(tmp_path)
+
+
+def test_bf16_training_runs_in_autocast_and_scores_the_test_split_in_fp32(tmp_path, train_file, toy_tokenizer_dir):
+    """Mixed precision is for the updates; the reported test score is that of the saved fp32 weights, as vt-evaluate
+    and vt-translate compute it."""
+    seen = []
+
+    def record(module, args):
+        if type(module).__name__ == "VanillaTransformerDecoder":
+            seen.append((module.training, torch.is_autocast_enabled("cpu")))
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(record)
+    try:
+        results = run(tmp_path / "bf16", train_file, toy_tokenizer_dir, "--bf16", "--predict_with_generate",
+                      "--test_file", str(train_file), "--max_steps", "4", "--generation_max_length", "8")  # fmt: skip
+    finally:
+        handle.remove()
+    training, scoring = [autocast for train, autocast in seen if train], [a for train, a in seen if not train]
+    assert training and all(training)  # every training forward ran under bf16 autocast
+    assert scoring and not any(scoring)  # and no decoding step of the final test did
+    assert 0 <= results["test_bleu"] <= 100

@@ -7,7 +7,15 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from tests.conftest import make_model, padded_batch
-from vanilla_transformer.model.kernels import _PACKED, Linear, _onednn_available, dropout, is_tracing, packed_weights
+from vanilla_transformer.model.kernels import (
+    _PACKED,
+    Linear,
+    _onednn_available,
+    attention,
+    dropout,
+    is_tracing,
+    packed_weights,
+)
 
 needs_onednn = pytest.mark.skipif(not _onednn_available(), reason="torch built without oneDNN: nothing is packed")
 
@@ -138,3 +146,33 @@ def test_is_tracing_only_while_a_graph_is_captured():
     seen.clear()
     torch.jit.trace(probe, torch.zeros(2), check_trace=False)
     assert seen == [True]
+
+
+def test_attention_runs_in_fp32_under_cpu_autocast_and_is_a_pass_through_elsewhere():
+    """Against torch's own scaled_dot_product_attention in fp32: under bf16 autocast the backend gets fp32 inputs
+    (and mask) with autocast off, and its output comes back in the queries' dtype."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(0)
+    module = nn.Module()
+    module.is_causal = False
+    q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
+    mask = torch.zeros(2, 1, 5, 5, dtype=torch.bfloat16)
+    mask[..., -1] = torch.finfo(torch.bfloat16).min  # the last key is masked
+    received = []
+
+    def backend(module, query, key, value, attention_mask, **kwargs):
+        received.append((query.dtype, key.dtype, value.dtype, attention_mask.dtype, torch.is_autocast_enabled("cpu")))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    expected = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask.float()).transpose(1, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output, _ = attention(backend, module, q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, scaling=8**-0.5)
+    assert received == [(torch.float32,) * 4 + (False,)] and output.dtype == torch.bfloat16
+    bf16_inputs = [t.bfloat16().float() for t in (q, k, v)]
+    oracle = nn.functional.scaled_dot_product_attention(*bf16_inputs, attn_mask=mask.float()).transpose(1, 2)
+    torch.testing.assert_close(output, oracle.bfloat16())  # softmax(QKᵀ/√d_k)V of the bf16 inputs, in fp32
+    received.clear()
+    output, _ = attention(backend, module, q, k, v, mask.float(), scaling=8**-0.5)  # no autocast: called as it is
+    assert received == [(torch.float32,) * 4 + (False,)]
+    torch.testing.assert_close(output, expected)

@@ -7,9 +7,11 @@ from transformers import AutoModelForSeq2SeqLM
 
 from tests.training_fixtures import TINY_OVERRIDES_ARG, make_pairs, write_mo
 from vanilla_transformer.training.main_job import MainJobArguments, run_main_job
+from vanilla_transformer.training.recipe import cpu_has_fast_bf16
 
 
-def test_main_job_on_a_tiny_catalog(tmp_path):
+@pytest.mark.parametrize("bf16", [None, False])
+def test_main_job_on_a_tiny_catalog(tmp_path, bf16):
     pairs = make_pairs(300, seed=1)
     write_mo(tmp_path / "locale" / "de" / "LC_MESSAGES" / "toy.mo", dict(pairs))
     args = MainJobArguments(
@@ -17,7 +19,7 @@ def test_main_job_on_a_tiny_catalog(tmp_path):
         preset="tiny", config_overrides=TINY_OVERRIDES_ARG, max_tokens=256, max_steps=4, eval_steps=3, save_steps=2,
         average_checkpoints=3, max_length=24,
         max_eval_samples=4, time_budget_minutes=10, reserve_minutes=1, examples=["the red house.", "the key."],
-        export_onnx=False,
+        export_onnx=False, bf16=bf16,
     )  # fmt: skip
     summary = run_main_job(args)
     assert summary["steps"] == 4 and summary["train_pairs"] + summary["test_pairs"] <= 300
@@ -25,6 +27,9 @@ def test_main_job_on_a_tiny_catalog(tmp_path):
     assert set(summary["examples"]) == {"the red house.", "the key."}
     assert set(summary["timings_s"]) == {"harvest", "tokenizer", "train_and_evaluate", "examples", "total"}
     assert summary["preset"] == "tiny" and summary["parameters"] > 0
+    # bf16 autocast by default where the CPU multiplies bf16 natively (TRAINING.md, "Mixed precision"); --bf16 false
+    # keeps fp32.
+    assert summary["precision"] == ("bf16 autocast" if bf16 is None and cpu_has_fast_bf16() else "fp32")
     seen = summary["train_tokens_seen"]
     assert seen["source"] > 0 and seen["target"] > 0 and summary["train_tokens_per_second"] > 0
     # Checkpoints every 2 steps (2 and 4): the final weights are averaged with checkpoint-2 (§6.1).

@@ -16,7 +16,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
 
-from .kernels import Linear
+from .kernels import Linear, attention
 
 
 def eager_attention_forward(
@@ -130,7 +130,8 @@ class MultiHeadAttention(nn.Module):
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        output, weights = attention_interface(
+        output, weights = attention(
+            attention_interface,
             self,
             query,
             key,

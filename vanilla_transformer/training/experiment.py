@@ -134,7 +134,9 @@ def build_trainer(
     callbacks: list | None = None,
 ) -> TranslationTrainer:
     """`TranslationTrainer` with the seq2seq collator (-100 label padding, decoder inputs from the model) and BLEU."""
-    pad_multiple = 8 if (training_args.fp16 or training_args.bf16) else None
+    # Tensor cores want lengths in multiples of 8; on the CPU that padding would only add work.
+    mixed_precision_on_gpu = (training_args.fp16 or training_args.bf16) and not training_args.use_cpu
+    pad_multiple = 8 if mixed_precision_on_gpu else None
     collator = DataCollatorForSeq2Seq(
         tokenizer, model=model, label_pad_token_id=IGNORE_INDEX, pad_to_multiple_of=pad_multiple
     )  # model= matters: with label smoothing the Trainer removes labels, so decoder_input_ids must be in the batch
@@ -214,6 +216,12 @@ def run_training(
         trainer.save_model()  # model, tokenizer, generation config
     test = tokenized.get("test") or tokenized.get("validation")
     if test is not None and training_args.predict_with_generate:
+        if training_args.fp16 or training_args.bf16:
+            # Score the weights as saved, in fp32 as vt-evaluate and vt-translate run them. Mixed-precision training
+            # puts an autocast wrapper on the model instance as its `forward` attribute; deleting that attribute
+            # gives back the class's forward. (accelerate's unwrap_model(keep_fp32_wrapper=False) unwraps further,
+            # through transformers' own decorators of forward, and breaks generate().)
+            vars(trainer.accelerator.unwrap_model(trainer.model)).pop("forward", None)
         prediction = trainer.predict(test, metric_key_prefix="test")
         results.update(prediction.metrics)
         if trainer.is_world_process_zero():
