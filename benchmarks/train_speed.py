@@ -32,8 +32,13 @@ def make_batch(batch: int, seed: int = common.SEED):
     return source, torch.ones_like(source), labels
 
 
-def make_step(model, batch: int, optimizer: str, compile_model: bool = False) -> Callable[[], float]:
-    """One training step on a fixed batch; returns the loss (a host sync, as a training loop's logging does)."""
+def make_step(
+    model, batch: int, optimizer: str, compile_model: bool = False, bf16: bool = False
+) -> Callable[[], float]:
+    """One training step on a fixed batch; returns the loss (a host sync, as a training loop's logging does). `bf16`:
+    the forward under CPU bf16 autocast, as `--bf16 --use_cpu` runs it (fp32 weights and optimizer)."""
+    import contextlib
+
     import torch
 
     model.train()
@@ -44,7 +49,8 @@ def make_step(model, batch: int, optimizer: str, compile_model: bool = False) ->
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
-        loss = forward(input_ids=source, attention_mask=mask, labels=labels).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            loss = forward(input_ids=source, attention_mask=mask, labels=labels).loss
         loss.backward()
         opt.step()
         return loss.item()
@@ -62,6 +68,10 @@ def build_systems(batch: int, optimizer: str, variants: list[str]) -> dict[str, 
         model = common.build_vanilla()
         model.set_attn_implementation("eager")
         systems["vanilla eager attention"] = make_step(model, batch, optimizer)
+    if "bf16" in variants:
+        systems["vanilla bf16 autocast"] = make_step(common.build_vanilla(), batch, optimizer, bf16=True)
+    if "marian-bf16" in variants:
+        systems["Marian bf16 autocast"] = make_step(common.build_marian(), batch, optimizer, bf16=True)
     if "marian-compile" in variants:
         systems["Marian torch.compile"] = make_step(common.build_marian(), batch, optimizer, compile_model=True)
     return systems
@@ -78,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--variants",
         nargs="*",
         default=["eager", "compile"],
-        choices=["eager", "compile", "eager-attn", "marian-compile"],
+        choices=["eager", "compile", "eager-attn", "bf16", "marian-compile", "marian-bf16"],
         help="which of this package's variants to run next to eager Marian",
     )
     parser.add_argument("--name", default="train_speed", help="results file name under benchmarks/results/")
