@@ -43,3 +43,31 @@ def test_two_process_launch(tmp_path, toy_data_dir, toy_tokenizer_dir):
     assert model.config.decoder_layers == 3
     results = json.loads((run / "all_results.json").read_text())
     assert results["train_loss"] > 0 and "test_bleu" in results
+
+
+def _agree(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from vanilla_transformer.training.callbacks import _min_on_all_ranks, _on_any_rank
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        agreed = {"min": _min_on_all_ranks(100 + 7 * rank), "any": _on_any_rank(rank == 1)}
+        Path(out, f"rank{rank}.json").write_text(json.dumps(agreed))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_time_budget_decisions_agree_across_ranks(tmp_path):
+    """The time budget's stop and the cooldown's end come from each rank's clock; every rank must act on the same
+    values (the earliest end, a stop if any rank says so), or DDP ranks would train different schedules or hang."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.start_processes(_agree, args=(port, str(tmp_path)), nprocs=2, start_method="spawn")
+    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert results == [{"min": 100, "any": True}] * 2

@@ -19,7 +19,7 @@ def test_main_job_on_a_tiny_catalog(tmp_path, bf16):
         preset="tiny", config_overrides=TINY_OVERRIDES_ARG, max_tokens=256, max_steps=4, eval_steps=3, save_steps=2,
         average_checkpoints=3, max_length=24,
         max_eval_samples=4, time_budget_minutes=10, reserve_minutes=1, examples=["the red house.", "the key."],
-        export_onnx=False, bf16=bf16,
+        export_onnx=False, bf16=bf16, lr_cooldown=0.2,
     )  # fmt: skip
     summary = run_main_job(args)
     assert summary["steps"] == 4 and summary["train_pairs"] + summary["test_pairs"] <= 300
@@ -36,6 +36,8 @@ def test_main_job_on_a_tiny_catalog(tmp_path, bf16):
     assert summary["averaged_checkpoints"] == ["checkpoint-2", "step 4"]
     info = json.loads((tmp_path / "job" / "model" / "training_info.json").read_text())
     assert info["dataset"] == "gettext-en-de" and "gettext catalogs" in info["dataset description"]
+    # The learning rate cools down to 0 over the last 20% of the steps (TRAINING.md).
+    assert summary["lr_cooldown"] == 0.2 and info["learning rate cooldown (fraction of the steps)"] == 0.2
     job = tmp_path / "job"
     assert json.loads((job / "summary.json").read_text())["test_bleu"] == summary["test_bleu"]
     assert (job / "data" / "train.tsv").read_text().startswith("en\tde\n")

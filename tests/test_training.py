@@ -12,6 +12,7 @@ from tests.training_fixtures import tiny_model
 from vanilla_transformer.training.data import DataArguments, load_parallel_data, tokenize_parallel
 from vanilla_transformer.training.experiment import build_trainer
 from vanilla_transformer.training.recipe import (
+    NoamSchedule,
     RecipeArguments,
     apply_paper_recipe,
     explicit_flags,
@@ -44,6 +45,54 @@ def test_noam_scheduler_follows_the_formula(d_model, warmup):
         scheduler.step()
 
 
+@pytest.mark.parametrize(("warmup", "total", "cooldown"), [(10, 100, 0.2), (4, 37, 0.5), (1, 9, 0.1)])
+def test_noam_cooldown_follows_the_formula(warmup, total, cooldown):
+    d_model = 64
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.Adam([parameter], lr=noam_peak_learning_rate(d_model, warmup))
+    scheduler = get_noam_schedule(optimizer, warmup, cooldown, total)
+    steps_down = round(cooldown * total)  # the last `steps_down` updates fall linearly towards 0
+    rates = []
+    for update in range(1, total + 1):
+        rates.append(optimizer.param_groups[0]["lr"])
+        fall = min(1.0, (total - update + 1) / steps_down)
+        assert rates[-1] == pytest.approx(paper_formula(update, d_model, warmup) * fall, rel=1e-9)
+        optimizer.step()
+        scheduler.step()
+    plain = [paper_formula(update, d_model, warmup) for update in range(1, total + 1)]
+    assert rates[: total - steps_down] == pytest.approx(plain[: total - steps_down], rel=1e-9)
+    falling = rates[total - steps_down :]
+    assert all(a > b for a, b in zip(falling, falling[1:], strict=False)) and falling[-1] > 0
+    assert rates[-1] == pytest.approx(plain[-1] / steps_down, rel=1e-9)
+
+
+def test_noam_cooldown_total_moves_until_the_cooldown_begins_and_is_saved():
+    schedule = NoamSchedule(warmup_steps=10, cooldown=0.2, total_steps=1_000_000)
+    assert schedule.set_total_steps(100, completed_steps=30)  # the budget allows 100 steps: cool down from 81
+    assert (schedule.total_steps, schedule.cooldown_steps) == (100, 20)
+    assert not schedule.cooldown_started(80) and schedule.cooldown_started(81)
+    assert not schedule.set_total_steps(120, completed_steps=85)  # cooling down: the end cannot move away
+    assert schedule.total_steps == 100
+    rate = schedule(85)
+    assert schedule.set_total_steps(95, completed_steps=85)  # a slower machine: an earlier end, the same length
+    assert (schedule.total_steps, schedule.cooldown_steps) == (95, 20) and schedule(85) < rate
+    late = NoamSchedule(warmup_steps=10, cooldown=0.2, total_steps=1_000)
+    assert late.set_total_steps(50, completed_steps=60) and late.total_steps == 61  # never before the next update
+    assert not NoamSchedule(10).set_total_steps(5, 1)  # no cooldown: nothing to move
+    # LambdaLR keeps the moved total with the checkpoint, so a resumed run cools down at the same steps.
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = get_noam_schedule(optimizer, 10, 0.2, 1_000_000)
+    scheduler.lr_lambdas[0].set_total_steps(100, 0)
+    restored = get_noam_schedule(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 10, 0.2, 1_000_000)
+    restored.load_state_dict(scheduler.state_dict())
+    assert restored.lr_lambdas[0].total_steps == 100
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="fraction of the training steps"):
+            NoamSchedule(10, bad, 100)
+    with pytest.raises(ValueError, match="needs the number of training steps"):
+        NoamSchedule(10, 0.2)
+
+
 def test_noam_peak_matches_the_paper_numbers():
     assert noam_peak_learning_rate(512) == pytest.approx(6.988e-4, rel=1e-3)  # base, step 4000
     assert noam_peak_learning_rate(1024) == pytest.approx(4.941e-4, rel=1e-3)  # big
@@ -65,6 +114,10 @@ def test_recipe_switch_sets_paper_values_and_explicit_flags_win(tmp_path):
     assert off.adam_beta2 == 0.999 and off.label_smoothing_factor == 0.0
     with pytest.raises(ValueError, match="--lr_schedule must be"):
         apply_paper_recipe(off, RecipeArguments(lr_schedule="cosine"), d_model=512)
+    with pytest.raises(ValueError, match="--lr_cooldown belongs to the noam schedule"):
+        apply_paper_recipe(off, RecipeArguments(lr_schedule="trainer", lr_cooldown=0.2), d_model=512)
+    with pytest.raises(ValueError, match="--lr_cooldown is a fraction"):
+        apply_paper_recipe(off, RecipeArguments(lr_cooldown=1.5), d_model=512)
 
 
 # ---------------------------------------------------------------- token-budget batches
@@ -234,3 +287,37 @@ def test_time_budget_stops_training_and_saves(tmp_path, toy_data_dir, toy_tokeni
     trainer.train()
     assert trainer.state.global_step == 1  # the budget was spent after the first step
     assert (tmp_path / "checkpoint-1" / "model.safetensors").is_file()
+
+
+def test_time_budget_sets_the_cooldown_from_the_time_per_step(tmp_path, toy_data_dir, toy_tokenizer_dir, monkeypatch):
+    """A clock that advances 1 s per step and a 40 s budget: the schedule learns at step 10 that 40 steps fit, cools
+    down over the last 10 (lr_cooldown 0.25) and training stops at step 40, before max_steps and before the time."""
+    from vanilla_transformer.training import callbacks
+    from vanilla_transformer.training.callbacks import TimeBudgetCallback
+
+    tokenizer = AutoTokenizer.from_pretrained(toy_tokenizer_dir)
+    data = _datasets(toy_data_dir, tokenizer)
+    model = tiny_model(tokenizer)
+    args = _training_args(tmp_path, 500, warmup_steps=4, learning_rate=3e-3)
+    args.logging_steps, args.save_steps = 1, 1000
+    clock = {"now": 0.0}
+    monkeypatch.setattr(callbacks.time, "monotonic", lambda: clock["now"])
+    budget = TimeBudgetCallback(40.5, show_progress=False)
+
+    class Tick(callbacks.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            clock["now"] += 1.0
+
+    recipe = _recipe(args, model)
+    recipe.lr_cooldown = 0.25
+    trainer = build_trainer(model, tokenizer, args, recipe, data["train"], callbacks=[Tick(), budget])
+    trainer.train()
+    assert trainer.state.global_step == 40
+    schedule = trainer.lr_scheduler.lr_lambdas[0]
+    assert (schedule.total_steps, schedule.cooldown_steps) == (40, 10)
+    rates = {entry["step"]: entry["learning_rate"] for entry in trainer.state.log_history if "learning_rate" in entry}
+    noam = {step: 3e-3 * min(step**-0.5, step * 4**-1.5) * 4**0.5 for step in rates}
+    assert rates[30] == pytest.approx(noam[30], rel=1e-6)  # the last update before the cooldown
+    assert rates[31] == pytest.approx(noam[31], rel=1e-6)  # the first cooldown update: 10/10 of the rate
+    assert rates[32] == pytest.approx(noam[32] * 0.9, rel=1e-6)
+    assert rates[40] == pytest.approx(noam[40] / 10, rel=1e-6)

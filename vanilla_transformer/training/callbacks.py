@@ -62,17 +62,26 @@ class MetricsFileCallback(TrainerCallback):
 
 class TimeBudgetCallback(TrainerCallback):
     """Stops training (and saves) once `max_seconds` of wall-clock time have passed since training began; shows a
-    progress bar over the budget (elapsed seconds, step, last loss) on the main process."""
+    progress bar over the budget (elapsed seconds, step, last loss) on the main process.
 
-    def __init__(self, max_seconds: float, show_progress: bool = True):
+    With a learning-rate cooldown (`recipe.NoamSchedule`), it also tells the schedule how many steps the budget
+    allows, from the mean time per step so far (validation pauses and checkpoints included), every `estimate_every`
+    steps, and stops at that step count if it comes before the time is up.
+    """
+
+    def __init__(self, max_seconds: float, show_progress: bool = True, estimate_every: int = 10):
         self.max_seconds = max_seconds
         self.show_progress = show_progress
+        self.estimate_every = estimate_every
         self.start = None
+        self.start_step = 0
+        self.cooldown_announced = False
         self.bar = None
         self.last_loss = float("nan")
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = time.monotonic()
+        self.start_step = state.global_step
         if self.show_progress and state.is_world_process_zero:
             from tqdm.auto import tqdm
 
@@ -97,6 +106,22 @@ class TimeBudgetCallback(TrainerCallback):
             logger.warning(f"Time budget of {self.max_seconds:.0f}s reached at step {state.global_step}; stopping.")
             control.should_training_stop = True
             control.should_save = True
+            return
+        schedule = _cooldown_schedule(kwargs.get("lr_scheduler"))
+        if schedule is None:
+            return
+        step, steps_run = state.global_step, state.global_step - self.start_step
+        if steps_run % self.estimate_every == 0:
+            allowed = step + int((self.max_seconds - elapsed) * steps_run / elapsed)
+            # The same total on every rank (a rank's own clock would give each its own learning rate).
+            schedule.set_total_steps(_min_on_all_ranks(allowed), step)
+        if schedule.cooldown_started(step) and not self.cooldown_announced:
+            self.cooldown_announced = True
+            logger.info(f"Learning-rate cooldown until step {schedule.total_steps}, the end the time budget allows.")
+        if step >= schedule.total_steps:
+            logger.info(f"The cooldown ended at step {step}, within the time budget; stopping.")
+            control.should_training_stop = True
+            control.should_save = True
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.bar is not None:
@@ -110,6 +135,28 @@ def _logged_step(line: str) -> float:
         return json.loads(line).get("step", 0)
     except (json.JSONDecodeError, AttributeError):
         return float("inf")
+
+
+def _cooldown_schedule(lr_scheduler):
+    """The `NoamSchedule` with a cooldown that drives `lr_scheduler`, or None."""
+    from .recipe import NoamSchedule
+
+    lambdas = getattr(lr_scheduler, "lr_lambdas", None) or [None]
+    schedule = lambdas[0]
+    return schedule if isinstance(schedule, NoamSchedule) and schedule.cooldown else None
+
+
+def _min_on_all_ranks(value: int) -> int:
+    """The smallest of every process's `value` (itself without torch.distributed)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    on_gpu = dist.get_backend() == "nccl"
+    tensor = torch.tensor(value, device=torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu")
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return int(tensor.item())
 
 
 def _on_any_rank(flag: bool) -> bool:

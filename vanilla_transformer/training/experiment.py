@@ -152,6 +152,7 @@ def build_trainer(
         callbacks=[MetricsFileCallback(training_args.output_dir), *(callbacks or [])],
         max_tokens=recipe.max_tokens,
         lr_schedule=recipe.lr_schedule,
+        lr_cooldown=recipe.lr_cooldown,
     )
 
 
@@ -303,6 +304,7 @@ def training_info(data_args, model_args, training_args, recipe, trainer, train_p
         "learning rate schedule": recipe.lr_schedule,
         "peak learning rate": training_args.learning_rate,
         "warmup steps": training_args.warmup_steps,
+        "learning rate cooldown (fraction of the steps)": recipe.lr_cooldown or None,
         "optimizer": type(optimizer).__name__ if optimizer is not None else None,
         "adam betas": [training_args.adam_beta1, training_args.adam_beta2],
         "adam epsilon": training_args.adam_epsilon,

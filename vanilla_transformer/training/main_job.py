@@ -52,6 +52,9 @@ class MainJobArguments:
     max_tokens: int = _arg(1024, "Token budget per batch and side.")
     warmup_steps: int = _arg(500, "Noam warmup; the paper's 4000 would not finish within a CPU budget.")
     learning_rate: float = _arg(2e-3, "Noam peak; Eq. 3 gives 1e-3 for d_model 256, 2e-3 trains faster (TRAINING.md).")
+    lr_cooldown: float = _arg(
+        0.0, "The learning rate falls linearly to 0 over this last fraction of the steps in the budget (TRAINING.md)."
+    )
     length_penalty: float = _arg(
         1.0, "Beam length penalty (score / length**alpha); 1.0 measured above the paper's 0.6 (TRAINING.md)."
     )
@@ -120,7 +123,10 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
         generation_max_length=args.max_length + 16,  # gettext messages are short; bounds an untrained model's output
     )  # fmt: skip
     recipe = RecipeArguments(
-        max_tokens=args.max_tokens, average_checkpoints=args.average_checkpoints, length_penalty=args.length_penalty
+        max_tokens=args.max_tokens,
+        average_checkpoints=args.average_checkpoints,
+        length_penalty=args.length_penalty,
+        lr_cooldown=args.lr_cooldown,
     )
     model_args = ModelArguments(preset=args.preset, config_overrides=args.config_overrides)
     # The time budget ends training (max_steps is a ceiling only); the noam schedule does not depend on either.
@@ -150,6 +156,7 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
         "parameters": results.get("parameters"),
         "preset": args.preset,
         "precision": "bf16 autocast" if bf16 else "fp32",
+        "lr_cooldown": args.lr_cooldown,
         "train_tokens_seen": {
             "source": results.get("train_source_tokens"),
             "target": results.get("train_target_tokens"),

@@ -6,7 +6,6 @@ beam search with a length penalty (§6.1). The Trainer that runs it is in `train
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -60,6 +59,14 @@ class RecipeArguments:
         default=None,
         metadata={"help": f"Beam-search length penalty (default {PAPER_LENGTH_PENALTY} with the recipe)."},
     )
+    lr_cooldown: float = field(
+        default=0.0,
+        metadata={
+            "help": "With the noam schedule: let the learning rate fall linearly to 0 over this fraction of the "
+            "training steps at the end (--max_steps, or the steps the time budget allows, estimated as training "
+            "runs). 0: off, as in the paper. The main job uses 0.2 (TRAINING.md)."
+        },
+    )
     average_checkpoints: int = field(
         default=0,
         metadata={
@@ -92,19 +99,74 @@ def noam_peak_learning_rate(d_model: int, warmup_steps: int = 4000) -> float:
     return noam_learning_rate(warmup_steps, d_model, warmup_steps)
 
 
-def _noam_multiplier(completed_steps: int, warmup_steps: int) -> float:
-    step = completed_steps + 1  # LambdaLR counts completed updates; update number `step` uses this value
-    return _warmup_then_inverse_sqrt(step, warmup_steps) * math.sqrt(warmup_steps)  # 1.0 at the peak
+def linear_cooldown_factor(step: int, total_steps: int, cooldown_steps: int) -> float:
+    """1 before the last `cooldown_steps` of `total_steps` updates, then falling linearly: update `total_steps` (the
+    last) gets 1/cooldown_steps, the update after it would get 0."""
+    if cooldown_steps < 1:
+        return 1.0
+    return min(1.0, max(0.0, (total_steps - step + 1) / cooldown_steps))
 
 
-def get_noam_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """LambdaLR giving update n the rate `peak · min(n^-0.5, n · w^-1.5) · w^0.5`, where `peak` is the optimizer's lr.
+class NoamSchedule:
+    """The multiplier of the peak learning rate for update `step`: Eq. (3)'s shape, 1.0 at the end of the warmup,
+    then optionally a linear cooldown to zero over the last `cooldown` fraction of `total_steps` updates.
 
-    With peak = noam_peak_learning_rate(d_model, w) this is exactly Eq. (3).
+    # Deviation from paper: the cooldown (off by default) is not in the paper, whose runs end on Eq. (3)'s 1/√step
+    # and average checkpoints instead (§6.1). Under a fixed budget of steps or time, annealing the rate to zero
+    # trains further per step (TRAINING.md, "Out of domain"); the main job uses it.
+
+    A callable object rather than a closure, so that LambdaLR saves its state with each checkpoint. Under a time
+    budget the total is not known in advance: `set_total_steps` moves it (and the cooldown with it) until the
+    cooldown is reached; after that it can only bring the end closer, keeping the cooldown's length, so the rate
+    never rises again.
     """
-    if warmup_steps < 1:
-        raise ValueError(f"The noam schedule needs warmup_steps >= 1 (got {warmup_steps}).")
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(_noam_multiplier, warmup_steps=warmup_steps))
+
+    def __init__(self, warmup_steps: int, cooldown: float = 0.0, total_steps: int | None = None):
+        if warmup_steps < 1:
+            raise ValueError(f"The noam schedule needs warmup_steps >= 1 (got {warmup_steps}).")
+        if not 0.0 <= cooldown < 1.0:
+            raise ValueError(f"The cooldown is a fraction of the training steps in [0, 1) (got {cooldown}).")
+        if cooldown and (total_steps is None or total_steps < 1):
+            raise ValueError(f"A cooldown needs the number of training steps (got total_steps={total_steps}).")
+        self.warmup_steps, self.cooldown = warmup_steps, cooldown
+        self.total_steps = total_steps
+        self.cooldown_steps = round(cooldown * total_steps) if cooldown else 0
+
+    def cooldown_started(self, completed_steps: int) -> bool:
+        """Has training reached the cooldown (the last update at the plain schedule's rate, or later)?"""
+        return bool(self.cooldown_steps) and completed_steps > self.total_steps - self.cooldown_steps
+
+    def set_total_steps(self, total_steps: int, completed_steps: int) -> bool:
+        """Move the end of training (and so the cooldown); True if it moved. Before the cooldown any move; once
+        in it, only an earlier end (never before the next update)."""
+        total_steps = max(int(total_steps), completed_steps + 1)
+        if not self.cooldown or total_steps == self.total_steps:
+            return False
+        if self.cooldown_started(completed_steps):
+            if total_steps > self.total_steps:
+                return False
+        else:
+            self.cooldown_steps = round(self.cooldown * total_steps)
+        self.total_steps = total_steps
+        return True
+
+    def __call__(self, completed_steps: int) -> float:
+        step = completed_steps + 1  # LambdaLR counts completed updates; update number `step` uses this value
+        multiplier = _warmup_then_inverse_sqrt(step, self.warmup_steps) * math.sqrt(self.warmup_steps)
+        if self.cooldown:
+            multiplier *= linear_cooldown_factor(step, self.total_steps, self.cooldown_steps)
+        return multiplier  # 1.0 at the peak
+
+
+def get_noam_schedule(
+    optimizer: torch.optim.Optimizer, warmup_steps: int, cooldown: float = 0.0, total_steps: int | None = None
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """LambdaLR giving update n the rate `peak · min(n^-0.5, n · w^-1.5) · w^0.5`, where `peak` is the optimizer's lr,
+    times the linear cooldown of `NoamSchedule` when `cooldown` > 0.
+
+    With peak = noam_peak_learning_rate(d_model, w) and no cooldown this is exactly Eq. (3).
+    """
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, NoamSchedule(warmup_steps, cooldown, total_steps))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -127,6 +189,13 @@ def apply_paper_recipe(
     """
     if recipe.lr_schedule not in ("noam", "trainer"):
         raise ValueError(f"--lr_schedule must be 'noam' or 'trainer' (got {recipe.lr_schedule!r}).")
+    if not 0.0 <= recipe.lr_cooldown < 1.0:
+        raise ValueError(f"--lr_cooldown is a fraction of the training steps in [0, 1) (got {recipe.lr_cooldown}).")
+    if recipe.lr_cooldown and recipe.lr_schedule != "noam":
+        raise ValueError(
+            "--lr_cooldown belongs to the noam schedule; with --lr_schedule trainer choose a decaying "
+            "--lr_scheduler_type (e.g. linear or cosine) instead."
+        )
     if not recipe.paper_recipe:
         recipe.max_tokens = recipe.max_tokens or None
         return training_args

@@ -203,10 +203,13 @@ class TranslationTrainer(Seq2SeqTrainer):
     the Trainer's `LabelSmoother`: the same value, without the log-softmax tensors of (tokens, vocab) floats.
     """
 
-    def __init__(self, *args, max_tokens: int | None = None, lr_schedule: str = "noam", **kwargs):
+    def __init__(
+        self, *args, max_tokens: int | None = None, lr_schedule: str = "noam", lr_cooldown: float = 0.0, **kwargs
+    ):
         super().__init__(*args, **kwargs)
         self.max_tokens = max_tokens
         self.lr_schedule = lr_schedule
+        self.lr_cooldown = lr_cooldown
         self.model_label_smoothing = 0.0
         self.tokens_seen = {"source": 0, "target": 0}  # non-padding training tokens, this process, this session
         model = self.accelerator.unwrap_model(self.model)
@@ -275,6 +278,8 @@ class TranslationTrainer(Seq2SeqTrainer):
         if self.lr_schedule != "noam":
             return super().create_scheduler(num_training_steps, optimizer)
         if self.lr_scheduler is None:
-            self.lr_scheduler = get_noam_schedule(optimizer or self.optimizer, int(self.args.warmup_steps))
+            self.lr_scheduler = get_noam_schedule(
+                optimizer or self.optimizer, int(self.args.warmup_steps), self.lr_cooldown, num_training_steps
+            )
             self._created_lr_scheduler = True
         return self.lr_scheduler
