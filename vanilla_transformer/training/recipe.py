@@ -64,7 +64,7 @@ class RecipeArguments:
         metadata={
             "help": "With the noam schedule: let the learning rate fall linearly to 0 over this fraction of the "
             "training steps at the end (--max_steps, or the steps the time budget allows, estimated as training "
-            "runs). 0: off, as in the paper. The main job uses 0.2 (TRAINING.md)."
+            "runs). 0: off, as in the paper (TRAINING.md has its A/B)."
         },
     )
     average_checkpoints: int = field(
@@ -112,8 +112,8 @@ class NoamSchedule:
     then optionally a linear cooldown to zero over the last `cooldown` fraction of `total_steps` updates.
 
     # Deviation from paper: the cooldown (off by default) is not in the paper, whose runs end on Eq. (3)'s 1/√step
-    # and average checkpoints instead (§6.1). Under a fixed budget of steps or time, annealing the rate to zero
-    # trains further per step (TRAINING.md, "Out of domain"); the main job uses it.
+    # and average checkpoints instead (§6.1). It is an option for runs with a fixed budget of steps or time; on the
+    # main job's recipe it measured within seed noise (TRAINING.md, "Out of domain"), so the main job leaves it off.
 
     A callable object rather than a closure, so that LambdaLR saves its state with each checkpoint. Under a time
     budget the total is not known in advance: `set_total_steps` moves it (and the cooldown with it) until the
