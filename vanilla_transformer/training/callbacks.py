@@ -148,6 +148,16 @@ def _cooldown_schedule(lr_scheduler):
 
 def _min_on_all_ranks(value: int) -> int:
     """The smallest of every process's `value` (itself without torch.distributed)."""
+    return int(_all_reduce(value, "MIN"))
+
+
+def _on_any_rank(flag: bool) -> bool:
+    """True on every process if `flag` is true on at least one (a no-op without torch.distributed)."""
+    return bool(_all_reduce(float(flag), "MAX"))
+
+
+def _all_reduce(value: float, op: str) -> float:
+    """`value` reduced over every process with `torch.distributed.ReduceOp.<op>`; `value` itself without it."""
     import torch
     import torch.distributed as dist
 
@@ -155,18 +165,5 @@ def _min_on_all_ranks(value: int) -> int:
         return value
     on_gpu = dist.get_backend() == "nccl"
     tensor = torch.tensor(value, device=torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu")
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
-    return int(tensor.item())
-
-
-def _on_any_rank(flag: bool) -> bool:
-    """True on every process if `flag` is true on at least one (a no-op without torch.distributed)."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    on_gpu = dist.get_backend() == "nccl"
-    value = torch.tensor(float(flag), device=torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu")
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+    dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op))
+    return tensor.item()

@@ -129,7 +129,7 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
         lr_cooldown=args.lr_cooldown,
     )
     model_args = ModelArguments(preset=args.preset, config_overrides=args.config_overrides)
-    # The time budget ends training (max_steps is a ceiling only); the noam schedule does not depend on either.
+    # The time budget ends training (max_steps is a ceiling only); with --lr_cooldown it also sizes the cooldown.
     results = run_training(
         model_args, data_args, training_args, recipe, explicit={"warmup_steps", "learning_rate"},
         time_budget_s=train_budget_s, corpus=(
