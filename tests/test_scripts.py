@@ -113,6 +113,9 @@ def test_end_to_end(tmp_path, toy_data_dir, capsys, monkeypatch):
     measured = json.loads((run / "all_results.json").read_text())
     bleu = next(r for r in card.data.eval_results if r.metric_type == "bleu")
     assert bleu.metric_value == round(measured["test_bleu"], 2) and card.data.language == ["en", "de"]
+    # The training section names torch's optimizer (not accelerate's wrapper) and writes a setting left off as "none".
+    assert f"- optimizer: {info['optimizer']}" in card.text and info["optimizer"] in {"Adam", "AdamW"}
+    assert "- averaged checkpoints: none" in card.text and "None" not in card.text
 
 
 def test_missing_tokenizer_and_input_are_clear_errors(tmp_path, toy_data_dir, capsys):

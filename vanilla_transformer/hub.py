@@ -222,7 +222,11 @@ def _training_text(context: dict[str, Any]) -> str:
     info = context["training"]
     if not info:
         return "No training record (training_info.json) was saved with this model."
-    return "\n".join(f"- {key}: {value}" for key, value in info.items() if key not in ("source_lang", "target_lang"))
+    skipped = ("source_lang", "target_lang")
+    # A setting that was off is recorded as null: the card says "none" rather than Python's "None".
+    return "\n".join(
+        f"- {key}: {'none' if value is None else value}" for key, value in info.items() if key not in skipped
+    )
 
 
 def render_model_card(template: str, context: dict[str, Any]) -> str:

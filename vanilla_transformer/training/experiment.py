@@ -292,7 +292,7 @@ def training_info(data_args, model_args, training_args, recipe, trainer, train_p
         dataset = Path(data_args.train_file).parent.name or Path(data_args.train_file).name
     else:
         dataset = f"gettext-{data_args.source_lang}-{data_args.target_lang} (system translation catalogs)"
-    optimizer = trainer.optimizer
+    optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # unwrap accelerate's AcceleratedOptimizer
     return {
         "source_lang": data_args.source_lang,
         "target_lang": data_args.target_lang,
