@@ -32,6 +32,20 @@ def decode_ids(ids: np.ndarray | Sequence[Sequence[int]], tokenizer) -> list[str
     return [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
 
 
+def generated_lengths(
+    ids: np.ndarray | Sequence[Sequence[int]], eos_token_id: int, special_ids: Sequence[int]
+) -> np.ndarray:
+    """Tokens each generated row holds before its first end-of-sentence token, special tokens not counted.
+
+    Beam search fills a finished row up to the batch's longest with `</s>` (not `<pad>`), and the Trainer pads across
+    batches with -100; counting every token that is not `<pad>` would count that filler too.
+    """
+    ids = np.asarray(ids)
+    ended = np.cumsum(ids == eos_token_id, axis=1) > 0  # (rows, length): at or after the first </s>
+    content = (ids >= 0) & ~np.isin(ids, list(special_ids)) & ~ended
+    return content.sum(axis=1)
+
+
 def build_compute_metrics(tokenizer) -> Callable:
     """`compute_metrics` for `Seq2SeqTrainer(predict_with_generate=True)`: BLEU, chrF and mean generated length."""
 
@@ -40,8 +54,8 @@ def build_compute_metrics(tokenizer) -> Callable:
         if isinstance(predictions, tuple):
             predictions = predictions[0]
         scores = corpus_scores(decode_ids(predictions, tokenizer), decode_ids(labels, tokenizer))
-        generated = np.asarray(predictions)
-        scores["gen_len"] = float(np.mean(np.sum((generated != tokenizer.pad_token_id) & (generated >= 0), axis=1)))
+        lengths = generated_lengths(predictions, tokenizer.eos_token_id, tokenizer.all_special_ids)
+        scores["gen_len"] = float(np.mean(lengths))
         return {name: round(value, 4) for name, value in scores.items()}
 
     return compute_metrics
