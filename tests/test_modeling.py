@@ -160,6 +160,30 @@ def test_save_and_reload_through_auto_classes(tmp_path):
     torch.testing.assert_close(base.shared.weight, model.model.shared.weight)
 
 
+def test_resize_token_embeddings_resizes_the_final_logits_bias(tmp_path):
+    """Marian-style models add a bias to the logits: it follows the vocabulary when tokens are added or removed."""
+    model = make_model(add_final_logits_bias=True)
+    model.final_logits_bias.normal_()
+    src, mask = padded_batch()
+    tgt = torch.randint(4, 37, (3, 4))
+    before = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits  # (3, 4, 37)
+    bias = model.final_logits_bias.clone()
+    model.resize_token_embeddings(45)
+    after = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    assert after.shape == (3, 4, 45) and model.final_logits_bias.shape == (1, 45)
+    torch.testing.assert_close(after[..., :37], before)  # the old tokens score as before
+    assert torch.equal(model.final_logits_bias[:, :37], bias) and not model.final_logits_bias[:, 37:].any()
+    model.resize_token_embeddings(30)
+    assert torch.equal(model.final_logits_bias, bias[:, :30])
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    assert torch.equal(reloaded.final_logits_bias, bias[:, :30]) and reloaded.config.vocab_size == 30
+    plain = make_model()  # shared embeddings without a bias: the saved config still loads
+    plain.resize_token_embeddings(40)
+    plain.save_pretrained(tmp_path / "plain")
+    assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "plain").lm_head.weight.shape == (40, 16)
+
+
 def test_loss_ignores_minus_100_and_honours_num_items_in_batch():
     model = make_model()
     src, mask = padded_batch()

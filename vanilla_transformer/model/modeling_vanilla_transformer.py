@@ -192,6 +192,21 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         with packed_weights(self):
             return super().generate(*args, **kwargs)
 
+    def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
+        """`PreTrainedModel.resize_token_embeddings` (the source vocabulary; with shared embeddings, both), with the
+        config's `decoder_vocab_size` kept equal to the shared `vocab_size` (so that the saved config loads) and
+        `final_logits_bias` (when there is one) following the output vocabulary: new tokens get a bias of 0."""
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        if self.config.share_encoder_decoder_embeddings:
+            self.config.decoder_vocab_size = self.config.vocab_size
+        if self.final_logits_bias is not None:
+            old_bias, rows = self.final_logits_bias, self.lm_head.weight.shape[0]
+            new_bias = old_bias.new_zeros(1, rows)  # (1, new vocab)
+            kept = min(rows, old_bias.shape[1])
+            new_bias[:, :kept] = old_bias[:, :kept]
+            self.register_buffer("final_logits_bias", new_bias)
+        return embeddings
+
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
