@@ -94,6 +94,9 @@ def test_end_to_end(tmp_path, toy_data_dir, capsys, monkeypatch):
                                             "--max_samples", "5", "--num_beams", "2"])  # fmt: skip
     assert scores["pairs"] == 5 and 0 <= scores["bleu"] <= 100
     assert decoding[-1]["num_beams"] == 2 and decoding[-1]["length_penalty"] is None  # None: the model's own
+    load_script("evaluate").main(["--model", str(run), "--test_file", str(toy_data_dir / "test.tsv"),
+                                  "--max_samples", "5"])  # fmt: skip
+    assert decoding[-1]["num_beams"] is None  # the model's generation config decides (4, saved above)
     (tmp_path / "in.txt").write_text("the red house.\nthe key is missing now.\n")
     translations = load_script("translate").main(["--model", str(run), "--input_file", str(tmp_path / "in.txt"),
                                                   "--output_file", str(tmp_path / "out.txt")])  # fmt: skip

@@ -120,7 +120,8 @@ def train_tokenizer_command(argv: list[str] | None = None) -> Path:
 
 
 def evaluate_command(argv: list[str] | None = None) -> dict[str, Any]:
-    """sacreBLEU and chrF of a model folder on a test file (TSV/CSV/JSON lines/Moses prefix), beam 4 by default.
+    """sacreBLEU and chrF of a model folder on a test file (TSV/CSV/JSON lines/Moses prefix), decoded with the model's
+    generation config (beam 4 after vt-train and the main job) unless --num_beams / --length_penalty are given.
 
     vt-evaluate --model out/model --test_file ../shared/data/gettext-en-de/test.tsv
     """
@@ -130,7 +131,7 @@ def evaluate_command(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--source_lang", default="en")
     parser.add_argument("--target_lang", default="de")
     parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--num_beams", type=int, default=4)
+    parser.add_argument("--num_beams", type=int, help="Beam size (default: the model's, 4 after vt-train).")
     parser.add_argument(
         "--length_penalty", type=float, help="Default: the model's (0.6 after vt-train, 1.0 after the main job)."
     )
