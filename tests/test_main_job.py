@@ -3,24 +3,34 @@
 import json
 
 import pytest
+import torch
 from transformers import AutoModelForSeq2SeqLM
 
-from tests.training_fixtures import TINY_OVERRIDES_ARG, make_pairs, write_mo
-from vanilla_transformer.training.main_job import MainJobArguments, run_main_job
+from tests.training_fixtures import TINY_OVERRIDES, TINY_OVERRIDES_ARG, make_pairs, write_mo
+from vanilla_transformer.training.experiment import parse_config_overrides
+from vanilla_transformer.training.main_job import MainJobArguments, model_overrides, run_main_job
 from vanilla_transformer.training.recipe import cpu_has_fast_bf16
 
+SIZES = ",".join(f"{name}={value}" for name, value in TINY_OVERRIDES.items() if name != "dropout")  # --dropout decides
 
-@pytest.mark.parametrize("bf16", [None, False])
-def test_main_job_on_a_tiny_catalog(tmp_path, bf16):
+
+# The first case keeps the main job's defaults (bf16 where native, a 20% cooldown, the final weights unaveraged);
+# the second turns each of them the other way.
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"bf16": False, "lr_cooldown": 0.0, "average_checkpoints": 3, "dropout": 0.05}],
+    ids=["defaults", "overridden"],
+)
+def test_main_job_on_a_tiny_catalog(tmp_path, options):
     pairs = make_pairs(300, seed=1)
     write_mo(tmp_path / "locale" / "de" / "LC_MESSAGES" / "toy.mo", dict(pairs))
     args = MainJobArguments(
         output_dir=str(tmp_path / "job"), locale_dir=str(tmp_path / "locale"), min_pairs=100, vocab_size=400,
-        preset="tiny", config_overrides=TINY_OVERRIDES_ARG, max_tokens=256, max_steps=4, eval_steps=3, save_steps=2,
-        average_checkpoints=3, max_length=24,
-        max_eval_samples=4, time_budget_minutes=10, reserve_minutes=1, examples=["the red house.", "the key."],
-        export_onnx=False, bf16=bf16, lr_cooldown=0.2,
+        preset="tiny", config_overrides=SIZES, max_tokens=256, max_steps=4, eval_steps=3, save_steps=2,
+        max_length=24, max_eval_samples=4, time_budget_minutes=10, reserve_minutes=1,
+        examples=["the red house.", "the key."], export_onnx=False, **options,
     )  # fmt: skip
+    bf16 = options.get("bf16")
     summary = run_main_job(args)
     assert summary["steps"] == 4 and summary["train_pairs"] + summary["test_pairs"] <= 300
     assert 0 <= summary["test_bleu"] <= 100 and 0 <= summary["test_chrf"] <= 100
@@ -32,21 +42,37 @@ def test_main_job_on_a_tiny_catalog(tmp_path, bf16):
     assert summary["precision"] == ("bf16 autocast" if bf16 is None and cpu_has_fast_bf16() else "fp32")
     seen = summary["train_tokens_seen"]
     assert seen["source"] > 0 and seen["target"] > 0 and summary["train_tokens_per_second"] > 0
-    # Checkpoints every 2 steps (2 and 4): the final weights are averaged with checkpoint-2 (§6.1).
-    assert summary["averaged_checkpoints"] == ["checkpoint-2", "step 4"]
-    info = json.loads((tmp_path / "job" / "model" / "training_info.json").read_text())
-    assert info["dataset"] == "gettext-en-de" and "gettext catalogs" in info["dataset description"]
-    # The learning rate cools down to 0 over the last 20% of the steps (TRAINING.md).
-    assert summary["lr_cooldown"] == 0.2 and info["learning rate cooldown (fraction of the steps)"] == 0.2
     job = tmp_path / "job"
+    model = AutoModelForSeq2SeqLM.from_pretrained(job / "model")
+    last = AutoModelForSeq2SeqLM.from_pretrained(job / "model" / "checkpoint-4")
+    weights, last_weights = model.state_dict(), last.state_dict()
+    same_as_last = all(torch.equal(weights[name], last_weights[name]) for name in weights)
+    info = json.loads((job / "model" / "training_info.json").read_text())
+    assert info["dataset"] == "gettext-en-de" and "gettext catalogs" in info["dataset description"]
+    if not options:
+        # By default the learning rate cools down to 0 over the last 20% of the steps and the final weights are
+        # kept as they are (TRAINING.md, "Out of domain").
+        assert summary["lr_cooldown"] == 0.2 and info["learning rate cooldown (fraction of the steps)"] == 0.2
+        assert summary["averaged_checkpoints"] is None and same_as_last
+        assert model.config.dropout == summary["dropout"] == 0.2  # P_drop 0.2 (TRAINING.md, "Out of domain")
+    else:
+        # Checkpoints every 2 steps (2 and 4): the final weights are averaged with checkpoint-2 (§6.1).
+        assert summary["lr_cooldown"] == 0.0 and info["learning rate cooldown (fraction of the steps)"] is None
+        assert summary["averaged_checkpoints"] == ["checkpoint-2", "step 4"] and not same_as_last
+        assert model.config.dropout == summary["dropout"] == 0.05
     assert json.loads((job / "summary.json").read_text())["test_bleu"] == summary["test_bleu"]
     assert (job / "data" / "train.tsv").read_text().startswith("en\tde\n")
     assert (job / "model" / "cross_attention.png").is_file() and (job / "model" / "training_curves.png").is_file()
     assert list((job / "model" / "runs").glob("*/events.out.tfevents.*"))  # TensorBoard logs
-    model = AutoModelForSeq2SeqLM.from_pretrained(job / "model")
     assert model.config.d_model == 32
     # The main job decodes with length penalty 1.0 (TRAINING.md), and the saved model keeps it for generate().
     assert model.generation_config.length_penalty == 1.0 and model.generation_config.num_beams == 4
+
+
+def test_model_overrides_put_the_dropout_first_so_config_overrides_win():
+    assert parse_config_overrides(model_overrides(0.2, None)) == {"dropout": 0.2}
+    assert parse_config_overrides(model_overrides(0.2, "encoder_layers=4")) == {"dropout": 0.2, "encoder_layers": 4}
+    assert parse_config_overrides(model_overrides(0.2, "dropout=0.3"))["dropout"] == 0.3
 
 
 def test_main_job_without_catalogs_says_what_to_do(tmp_path):
