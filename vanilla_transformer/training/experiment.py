@@ -309,6 +309,7 @@ def training_info(data_args, model_args, training_args, recipe, trainer, train_p
         "adam betas": [training_args.adam_beta1, training_args.adam_beta2],
         "adam epsilon": training_args.adam_epsilon,
         "label smoothing": training_args.label_smoothing_factor,
+        "dropout": getattr(trainer.model.config, "dropout", None),
         "tokens per batch (source and target, each)": recipe.max_tokens,
         "gradient accumulation steps": training_args.gradient_accumulation_steps,
         "evaluation beams": training_args.generation_num_beams,
