@@ -54,7 +54,7 @@ def test_main_job_on_a_tiny_catalog(tmp_path, options):
         # kept as they are (TRAINING.md, "Out of domain").
         assert summary["lr_cooldown"] == 0.2 and info["learning rate cooldown (fraction of the steps)"] == 0.2
         assert summary["averaged_checkpoints"] is None and same_as_last
-        assert model.config.dropout == summary["dropout"] == info["dropout"] == 0.2  # TRAINING.md, "Out of domain"
+        assert model.config.dropout == summary["dropout"] == info["dropout"] == 0.1  # the paper's P_drop (§5.4)
     else:
         # Checkpoints every 2 steps (2 and 4): the final weights are averaged with checkpoint-2 (§6.1).
         assert summary["lr_cooldown"] == 0.0 and info["learning rate cooldown (fraction of the steps)"] is None
