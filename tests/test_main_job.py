@@ -69,6 +69,38 @@ def test_main_job_on_a_tiny_catalog(tmp_path, options):
     assert model.generation_config.length_penalty == 1.0 and model.generation_config.num_beams == 4
 
 
+def test_main_job_in_two_processes_takes_the_batches_of_one(tmp_path):
+    """Two DDP processes with half of --max_tokens each take between them, step for step, the batches that one process
+    with that half takes one after another: 4 steps of two processes see exactly the tokens of 8 steps of one."""
+    write_mo(tmp_path / "locale" / "de" / "LC_MESSAGES" / "toy.mo", dict(make_pairs(300, seed=1)))
+    common = dict(
+        locale_dir=str(tmp_path / "locale"), min_pairs=100, vocab_size=400, preset="tiny", config_overrides=SIZES,
+        eval_steps=100, save_steps=100, max_length=24, max_eval_samples=4, time_budget_minutes=10, reserve_minutes=1,
+        examples=["the key."], export_onnx=False,
+    )  # fmt: skip
+    two = run_main_job(
+        MainJobArguments(output_dir=str(tmp_path / "two"), num_processes=2, max_tokens=256, max_steps=4, **common)
+    )
+    one = run_main_job(
+        MainJobArguments(output_dir=str(tmp_path / "one"), num_processes=1, max_tokens=128, max_steps=8, **common)
+    )
+    assert (two["training_processes"], two["steps"]) == (2, 4) and (one["training_processes"], one["steps"]) == (1, 8)
+    assert two["train_tokens_seen"] == one["train_tokens_seen"]  # summed over both processes
+    assert two["train_tokens_seen"]["source"] > 0 and two["test_pairs"] == one["test_pairs"]
+    assert 0 <= two["test_bleu"] <= 100 and set(two["examples"]) == {"the key."}
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "two" / "model")
+    assert model.config.d_model == 32 and (tmp_path / "two" / "model" / "checkpoint-4").is_dir()
+    info = json.loads((tmp_path / "two" / "model" / "training_info.json").read_text())  # and so the model card
+    assert info["training processes"] == 2 and info["tokens per batch and process (source and target, each)"] == 128
+
+
+def test_main_job_refuses_a_batch_split_too_small(tmp_path):
+    with pytest.raises(ValueError, match="leaves 20 tokens per batch, fewer than --max_length 24"):
+        run_main_job(MainJobArguments(output_dir=str(tmp_path), num_processes=2, max_tokens=40, max_length=24))
+    with pytest.raises(ValueError, match="--num_processes -1: give 1 or more"):
+        run_main_job(MainJobArguments(output_dir=str(tmp_path), num_processes=-1))
+
+
 def test_model_overrides_put_the_dropout_first_so_config_overrides_win():
     assert parse_config_overrides(model_overrides(0.2, None)) == {"dropout": 0.2}
     assert parse_config_overrides(model_overrides(0.2, "encoder_layers=4")) == {"dropout": 0.2, "encoder_layers": 4}

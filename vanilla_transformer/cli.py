@@ -232,7 +232,7 @@ def main_job_command(argv: list[str] | None = None) -> dict[str, Any]:
     from .training.main_job import MainJobArguments, run_main_job
 
     (args,) = HfArgumentParser(MainJobArguments).parse_args_into_dataclasses(argv)
-    _show_package_progress()
+    show_package_progress()
     summary = run_main_job(args)
     print(json.dumps(summary, indent=2, ensure_ascii=False))
     print(f"\nBLEU {summary['test_bleu']}  chrF {summary['test_chrf']}  on {summary['test_pairs']} held-out pairs; "
@@ -240,7 +240,7 @@ def main_job_command(argv: list[str] | None = None) -> dict[str, Any]:
     return summary
 
 
-def _show_package_progress() -> None:
+def show_package_progress() -> None:
     """This package's INFO logs (each step of the job, corpus sizes, averaging) on stderr with the time of day;
     transformers' own logs stay at WARNING, since the Trainer's INFO messages would bury them."""
     from transformers.utils import logging

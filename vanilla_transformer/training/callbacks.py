@@ -151,6 +151,11 @@ def _min_on_all_ranks(value: int) -> int:
     return int(_all_reduce(value, "MIN"))
 
 
+def sum_over_ranks(value: int) -> int:
+    """The sum of every process's `value` (itself without torch.distributed)."""
+    return int(_all_reduce(value, "SUM"))
+
+
 def _on_any_rank(flag: bool) -> bool:
     """True on every process if `flag` is true on at least one (a no-op without torch.distributed)."""
     return bool(_all_reduce(float(flag), "MAX"))

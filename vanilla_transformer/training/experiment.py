@@ -22,7 +22,7 @@ from transformers import (
 from transformers.utils import logging
 
 from ..model.loss import IGNORE_INDEX
-from .callbacks import MetricsFileCallback, TimeBudgetCallback
+from .callbacks import MetricsFileCallback, TimeBudgetCallback, sum_over_ranks
 from .data import DataArguments, load_parallel_data, tokenize_parallel
 from .metrics import build_compute_metrics, decode_ids
 from .recipe import RecipeArguments, apply_paper_recipe
@@ -205,7 +205,7 @@ def run_training(
         started = time.monotonic()
         train_output = trainer.train(resume_from_checkpoint=resume)
         wall_s = time.monotonic() - started
-        tokens = trainer.tokens_seen
+        tokens = {side: sum_over_ranks(count) for side, count in trainer.tokens_seen.items()}  # all processes
         results.update(
             train_output.metrics, train_wall_s=round(wall_s, 1), train_source_tokens=tokens["source"],
             train_target_tokens=tokens["target"],
@@ -310,7 +310,8 @@ def training_info(data_args, model_args, training_args, recipe, trainer, train_p
         "adam epsilon": training_args.adam_epsilon,
         "label smoothing": training_args.label_smoothing_factor,
         "dropout": getattr(trainer.model.config, "dropout", None),
-        "tokens per batch (source and target, each)": recipe.max_tokens,
+        "training processes": training_args.world_size,
+        "tokens per batch and process (source and target, each)": recipe.max_tokens,
         "gradient accumulation steps": training_args.gradient_accumulation_steps,
         "evaluation beams": training_args.generation_num_beams,
         "length penalty": recipe.length_penalty,
