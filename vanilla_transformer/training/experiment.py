@@ -310,6 +310,8 @@ def training_info(data_args, model_args, training_args, recipe, trainer, train_p
         "adam epsilon": training_args.adam_epsilon,
         "label smoothing": training_args.label_smoothing_factor,
         "dropout": getattr(trainer.model.config, "dropout", None),
+        "attention dropout": getattr(trainer.model.config, "attention_dropout", None),
+        "activation dropout": getattr(trainer.model.config, "activation_dropout", None),
         "training processes": training_args.world_size,
         "tokens per batch and process (source and target, each)": recipe.max_tokens,
         "gradient accumulation steps": training_args.gradient_accumulation_steps,
