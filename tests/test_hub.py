@@ -88,6 +88,19 @@ def test_model_card_metadata_comes_from_the_measured_results(model_dir, tmp_path
     assert f"{n_params:,}" in text
 
 
+def test_card_names_the_dropouts_that_are_on(model_dir, tmp_path):
+    prepare_hub_folder(model_dir, tmp_path / "plain", "someone/en-de", ROOT / "model_card.md")
+    card = (tmp_path / "plain" / "README.md").read_text()
+    assert "| Dropout | 0.1 on sub-layer outputs and embedding sums (§5.4) |" in card  # the tiny preset: P_drop only
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(
+        json.dumps({**config, "attention_dropout": 0.1, "activation_dropout": 0.05})
+    )
+    prepare_hub_folder(model_dir, tmp_path / "more", "someone/en-de", ROOT / "model_card.md")
+    card = (tmp_path / "more" / "README.md").read_text()
+    assert "0.1 on attention weights, 0.05 after the ReLU (not in the paper) |" in card
+
+
 def test_card_without_results_says_so(model_dir, tmp_path):
     (model_dir / "all_results.json").unlink()
     assert read_eval_results(model_dir) == {}

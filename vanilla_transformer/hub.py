@@ -229,6 +229,17 @@ def _training_text(context: dict[str, Any]) -> str:
     )
 
 
+def _dropout_text(config: dict[str, Any]) -> str:
+    """P_drop (§5.4), and the two dropouts the paper does not have where they are on."""
+    text = f"{config['dropout']} on sub-layer outputs and embedding sums (§5.4)"
+    extra = [
+        f"{config[key]} {where}"
+        for key, where in (("attention_dropout", "on attention weights"), ("activation_dropout", "after the ReLU"))
+        if config.get(key)
+    ]
+    return text + (f"; {', '.join(extra)} (not in the paper)" if extra else "")
+
+
 def render_model_card(template: str, context: dict[str, Any]) -> str:
     """Fill `{{ name }}` placeholders of the model card template; `{{ metadata }}` is the YAML front matter."""
     config = context["config"]
@@ -242,7 +253,7 @@ def render_model_card(template: str, context: dict[str, Any]) -> str:
         "heads": config["encoder_attention_heads"],
         "ffn_dim": config["encoder_ffn_dim"],
         "vocab_size": config["vocab_size"],
-        "dropout": config["dropout"],
+        "dropout": _dropout_text(config),
         "normalization": "pre-LN (a deviation from the paper)" if config.get("normalize_before") else "post-LN",
         "onnx_note": "The ONNX export is in `onnx/`." if context["onnx"] else "No ONNX export was uploaded.",
         **{k: v for k, v in context.items() if isinstance(v, str)},
