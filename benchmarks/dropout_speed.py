@@ -1,5 +1,6 @@
 """CPU dropout: the keep-mask draw alone, and a `small`-preset training step with and without the attention and ReLU
-dropouts, the package's mask (`kernels.keep_mask`) against the earlier `rand_like(x) >= p`, interleaved.
+dropouts, the package's mask (`rand_like(x) >= p`, in `kernels.dropout`) against a candidate that splits each 64-bit
+draw into four 16-bit uniforms, put in for the layers' residual and ReLU dropout; interleaved.
 
 One step = forward with labels under bf16 autocast (as the main job trains on CPUs with native bf16), backward,
 AdamW, on a fixed batch of 48 x 21 source and target tokens (about the main job's 1,024-token batches).
@@ -19,36 +20,46 @@ MASK_ELEMENTS = 1 << 20
 BATCH, LENGTH = 48, 21
 
 
-def _rand_like_mask(x, p):
-    """The earlier CPU mask: one float draw per element."""
+def lane_keep_mask(x, p: float):
+    """The candidate mask: each 64-bit draw of torch's generator split into four 16-bit uniforms, compared with a
+    threshold (drop probability round(p · 2¹⁶) / 2¹⁶); a quarter of the generator calls of `rand_like`."""
     import torch
 
-    return torch.rand_like(x) >= p
+    threshold = round(p * 65536) - 32768
+    words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64, device=x.device).random_(-(2**63), 2**63 - 1)
+    return words.view(torch.int16)[: x.numel()].view(x.shape) >= threshold  # (same shape as x) 16-bit uniforms
+
+
+def _lane_dropout(x, p: float, training: bool):
+    """The package's CPU dropout (`kernels.dropout`) with the candidate mask."""
+    if not training or p == 0.0:
+        return x
+    import torch
+
+    return torch.mul(x, lane_keep_mask(x, p)).mul_(1.0 / (1.0 - p))
 
 
 @contextlib.contextmanager
 def mask_source(name: str) -> Iterator[None]:
-    """Run the package's dropout with the named keep-mask draw ("keep_mask" or "rand_like")."""
-    from vanilla_transformer.model import kernels
+    """Run the layers' dropout with the named keep-mask draw: the package's ("rand_like") or the candidate."""
+    from vanilla_transformer.model import layers
 
-    original = kernels.keep_mask
-    kernels.keep_mask = original if name == "keep_mask" else _rand_like_mask
+    original = layers.dropout
+    layers.dropout = original if name == "rand_like" else _lane_dropout
     try:
         yield
     finally:
-        kernels.keep_mask = original
+        layers.dropout = original
 
 
 def mask_systems() -> dict[str, Callable[[], object]]:
     import torch
 
-    from vanilla_transformer.model.kernels import keep_mask
-
     x = torch.empty(MASK_ELEMENTS)
     return {
         "bernoulli_ (nn.functional.dropout)": lambda: torch.empty_like(x).bernoulli_(0.9),
         "rand_like(x) >= p": lambda: torch.rand_like(x) >= 0.1,
-        "keep_mask (16-bit lanes)": lambda: keep_mask(x, 0.1),
+        "16-bit lanes of 64-bit draws": lambda: lane_keep_mask(x, 0.1),
     }
 
 
@@ -97,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     systems = {
         f"{label}, {mask}": step_system(*dropouts, mask)
         for label, dropouts in (("residual dropout only", (0.0, 0.0)), ("+ attention and ReLU 0.1", (0.1, 0.1)))
-        for mask in ("rand_like", "keep_mask")
+        for mask in ("rand_like", "16-bit lanes")
     }
     times = common.run_interleaved(systems, rounds=args.rounds, warmup=3)
     for name, t in times.items():

@@ -14,7 +14,6 @@ from vanilla_transformer.model.kernels import (
     attention,
     dropout,
     is_tracing,
-    keep_mask,
     packed_weights,
 )
 
@@ -129,20 +128,6 @@ def test_dropout_zeroes_a_fraction_p_and_rescales_the_rest(p):
     y.sum().backward()
     torch.testing.assert_close(x.grad, kept.float() / (1 - p))
     assert dropout(x, p, training=False) is x and dropout(x, 0.0, training=True) is x
-
-
-def test_keep_mask_drops_p_in_every_lane_of_a_draw():
-    """Each 64-bit draw gives four 16-bit lanes: every lane (and an odd-sized tensor) must drop a fraction p, and
-    the same seed must give the same mask."""
-    torch.manual_seed(0)
-    x = torch.empty(1001, 1003)  # not a multiple of 4 elements
-    keep = keep_mask(x, 0.1)
-    assert keep.shape == x.shape and keep.dtype == torch.bool
-    lanes = keep.flatten()[: 4 * (keep.numel() // 4)].view(-1, 4).float().mean(0)
-    assert torch.all((lanes - 0.9).abs() < 0.003), lanes  # 250k draws per lane: 5 standard deviations
-    torch.manual_seed(0)
-    assert torch.equal(keep_mask(x, 0.1), keep)
-    assert keep_mask(x, 0.0).all() and not keep_mask(x, 1.0).any()
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
