@@ -28,7 +28,7 @@ SIZES = ",".join(f"{name}={value}" for name, value in TINY_OVERRIDES.items() if 
             "attention_dropout": 0.1,
             "activation_dropout": 0.02,
         },
-    ],  # fmt: skip
+    ],
     ids=["defaults", "overridden"],
 )
 def test_main_job_on_a_tiny_catalog(tmp_path, options):
@@ -119,12 +119,12 @@ def test_main_job_refuses_a_batch_split_too_small(tmp_path):
 
 def test_model_overrides_put_the_dropouts_first_so_config_overrides_win():
     dropouts = {"dropout": 0.2, "attention_dropout": 0.1, "activation_dropout": 0.05}
-    assert parse_config_overrides(model_overrides(0.2, None, 0.1, 0.05)) == dropouts
-    assert parse_config_overrides(model_overrides(0.2, "encoder_layers=4", 0.1, 0.05)) == {
+    assert parse_config_overrides(model_overrides(None, **dropouts)) == dropouts
+    assert parse_config_overrides(model_overrides("encoder_layers=4", **dropouts)) == {
         **dropouts,
         "encoder_layers": 4,
     }
-    overridden = parse_config_overrides(model_overrides(0.2, "dropout=0.3,attention_dropout=0", 0.1, 0.05))
+    overridden = parse_config_overrides(model_overrides("dropout=0.3,attention_dropout=0", **dropouts))
     assert overridden["dropout"] == 0.3 and overridden["attention_dropout"] == 0
 
 

@@ -101,7 +101,7 @@ def _reserved_seconds(budget_s: float, reserve_minutes: float | None) -> float:
 
 
 def model_overrides(
-    dropout: float, config_overrides: str | None, attention_dropout: float = 0.0, activation_dropout: float = 0.0
+    config_overrides: str | None, *, dropout: float, attention_dropout: float = 0.0, activation_dropout: float = 0.0
 ) -> str:
     """The --config_overrides text of the job's model: its three dropouts, then the user's fields (a later field
     wins)."""
@@ -171,7 +171,10 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
     model_args = ModelArguments(
         preset=args.preset,
         config_overrides=model_overrides(
-            args.dropout, args.config_overrides, args.attention_dropout, args.activation_dropout
+            args.config_overrides,
+            dropout=args.dropout,
+            attention_dropout=args.attention_dropout,
+            activation_dropout=args.activation_dropout,
         ),
     )
     corpus_name = (
