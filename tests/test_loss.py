@@ -37,6 +37,25 @@ def test_values_and_gradients_match_torch_cross_entropy(smoothing):
     assert torch.all(ours_in.grad[[2, 7, 8]] == 0)
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_bf16_logits_give_the_values_of_casting_them_to_fp32_first(smoothing):
+    """bf16 logits (CPU autocast) are widened chunk by chunk: the loss equals that of the fp32 copy bit for bit, and
+    the gradient equals the fp32 copy's gradient rounded to bf16; both match torch's cross_entropy on the fp32 copy."""
+    logits, labels = _case()
+    low = logits.to(torch.bfloat16).requires_grad_()
+    wide = low.detach().float().requires_grad_()
+    ref_in = low.detach().float().requires_grad_()
+    ours, cast_first = token_cross_entropy(low, labels, smoothing), token_cross_entropy(wide, labels, smoothing)
+    assert ours.dtype == torch.float32 and torch.equal(ours, cast_first)
+    ref = torch.nn.functional.cross_entropy(ref_in, labels, reduction="none", label_smoothing=smoothing)
+    torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
+    weights = torch.rand(len(labels))
+    for loss in (ours, cast_first, ref):
+        (loss * weights).sum().backward()
+    assert low.grad.dtype == torch.bfloat16 and torch.equal(low.grad, wide.grad.to(torch.bfloat16))
+    torch.testing.assert_close(low.grad.float(), ref_in.grad, rtol=1e-2, atol=1e-3)
+
+
 def test_gradcheck():
     logits, labels = _case(rows=9, vocab=11)
     assert torch.autograd.gradcheck(lambda z: token_cross_entropy(z, labels, 0.1), logits.requires_grad_())

@@ -160,14 +160,16 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-    """(N, V) float logits and (N,) labels -> (N,) per-token losses with label smoothing ε (§5.4), 0 where the label
-    is `IGNORE_INDEX`.
+    """(N, V) float logits and (N,) labels -> (N,) per-token losses with label smoothing ε (§5.4), computed in fp32
+    (or the logits' dtype if wider), 0 where the label is `IGNORE_INDEX`.
 
-    Eager CPU runs use the chunked loss of `loss.py` (its chunks are sized for CPU caches); accelerators and captured
-    graphs use `nn.functional.cross_entropy`, one fused kernel there.
+    Eager CPU runs use the chunked loss of `loss.py` (its chunks are sized for CPU caches; 16-bit logits are widened
+    chunk by chunk); accelerators and captured graphs use `nn.functional.cross_entropy` on fp32 logits, one fused
+    kernel there.
     """
     if logits.device.type != "cpu" or is_tracing():
         return nn.functional.cross_entropy(
-            logits, labels, ignore_index=IGNORE_INDEX, reduction="none", label_smoothing=label_smoothing
-        )
+            logits.to(torch.promote_types(logits.dtype, torch.float32)), labels, ignore_index=IGNORE_INDEX,
+            reduction="none", label_smoothing=label_smoothing,
+        )  # fmt: skip
     return token_cross_entropy(logits, labels, label_smoothing)

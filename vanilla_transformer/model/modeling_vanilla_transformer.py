@@ -63,7 +63,7 @@ def seq2seq_cross_entropy(
         so that gradient accumulation weighs every token equally (a 0-d tensor).
     """
     flat_labels = labels.flatten().to(logits.device)  # (batch * tgt_len,)
-    per_token = cross_entropy(logits.float().flatten(0, 1), flat_labels, label_smoothing)  # (batch * tgt_len,)
+    per_token = cross_entropy(logits.flatten(0, 1), flat_labels, label_smoothing)  # (batch * tgt_len,) fp32
     if num_items_in_batch is not None:
         return per_token.sum() / num_items_in_batch
     return per_token.sum() / (flat_labels != IGNORE_INDEX).sum()
