@@ -1,6 +1,8 @@
-"""CPU dropout: the keep-mask draw alone, and a `small`-preset training step with and without the attention and ReLU
-dropouts, the package's mask (`rand_like(x) >= p`, in `kernels.dropout`) against a candidate that splits each 64-bit
-draw into four 16-bit uniforms, put in for the layers' residual and ReLU dropout; interleaved.
+"""CPU dropout and loss in a `small` bf16 training step: the keep-mask draw alone (the package's `kernels.keep_mask`,
+four 16-bit uniforms per 64-bit draw, against `rand_like(x) >= p` and torch's `bernoulli_`), then training steps
+with each dropout turned on (residual only, the default; + attention weights; + the FFN's ReLU; both), with the
+package's mask and with `rand_like`, and the default step with its loss fed fp32 logits (the whole (tokens, vocab)
+tensor cast first, as before the loss widened bf16 logits chunk by chunk); interleaved.
 
 One step = forward with labels under bf16 autocast (as the main job trains on CPUs with native bf16), backward,
 AdamW, on a fixed batch of 48 x 21 source and target tokens (about the main job's 1,024-token batches).
@@ -18,52 +20,50 @@ from benchmarks import common
 
 MASK_ELEMENTS = 1 << 20
 BATCH, LENGTH = 48, 21
+PACKAGE, RAND_LIKE, FP32_LOGITS = "package", "rand_like masks", "package, loss fed fp32 logits"
 
 
-def lane_keep_mask(x, p: float):
-    """The candidate mask: each 64-bit draw of torch's generator split into four 16-bit uniforms, compared with a
-    threshold (drop probability round(p · 2¹⁶) / 2¹⁶); a quarter of the generator calls of `rand_like`."""
-    import torch
-
-    threshold = round(p * 65536) - 32768
-    words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64, device=x.device).random_(-(2**63), 2**63 - 1)
-    return words.view(torch.int16)[: x.numel()].view(x.shape) >= threshold  # (same shape as x) 16-bit uniforms
-
-
-def _lane_dropout(x, p: float, training: bool):
-    """The package's CPU dropout (`kernels.dropout`) with the candidate mask."""
+def _rand_like_dropout(x, p: float, training: bool):
+    """The package's CPU dropout as it was: one float draw per element."""
     if not training or p == 0.0:
         return x
     import torch
 
-    return torch.mul(x, lane_keep_mask(x, p)).mul_(1.0 / (1.0 - p))
+    return torch.mul(x, torch.rand_like(x) >= p).mul_(1.0 / (1.0 - p))
 
 
 @contextlib.contextmanager
-def mask_source(name: str) -> Iterator[None]:
-    """Run the layers' dropout with the named keep-mask draw: the package's ("rand_like") or the candidate."""
-    from vanilla_transformer.model import layers
+def variant(name: str) -> Iterator[None]:
+    """Run the step as the package does, with `rand_like` masks in the layers (attention dropout runs inside the
+    attention backend either way), or with the loss fed fp32 logits."""
+    from vanilla_transformer.model import kernels, layers
+    from vanilla_transformer.model import modeling_vanilla_transformer as modeling
 
-    original = layers.dropout
-    layers.dropout = original if name == "rand_like" else _lane_dropout
+    saved = layers.dropout, modeling.cross_entropy
+    if name == RAND_LIKE:
+        layers.dropout = _rand_like_dropout
+    elif name == FP32_LOGITS:
+        modeling.cross_entropy = lambda logits, labels, eps: kernels.cross_entropy(logits.float(), labels, eps)
     try:
         yield
     finally:
-        layers.dropout = original
+        layers.dropout, modeling.cross_entropy = saved
 
 
 def mask_systems() -> dict[str, Callable[[], object]]:
     import torch
 
+    from vanilla_transformer.model.kernels import keep_mask
+
     x = torch.empty(MASK_ELEMENTS)
     return {
         "bernoulli_ (nn.functional.dropout)": lambda: torch.empty_like(x).bernoulli_(0.9),
         "rand_like(x) >= p": lambda: torch.rand_like(x) >= 0.1,
-        "16-bit lanes of 64-bit draws": lambda: lane_keep_mask(x, 0.1),
+        "keep_mask (16-bit lanes, the package)": lambda: keep_mask(x, 0.1),
     }
 
 
-def step_system(attention_dropout: float, activation_dropout: float, mask: str) -> Callable[[], object]:
+def step_system(attention_dropout: float, activation_dropout: float, name: str) -> Callable[[], object]:
     import torch
 
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
@@ -79,7 +79,7 @@ def step_system(attention_dropout: float, activation_dropout: float, mask: str) 
     labels = torch.randint(4, 8000, (BATCH, LENGTH), generator=gen)
 
     def step() -> float:
-        with mask_source(mask):
+        with variant(name):
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss = model(input_ids=source, labels=labels).loss
@@ -105,15 +105,20 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  {name:<36} {1000 * results[name]['median']:7.2f} ms")
 
     print(f"small-preset training step, bf16 autocast, {BATCH}x{LENGTH} tokens, median of {args.rounds} rounds:")
-    systems = {
-        f"{label}, {mask}": step_system(*dropouts, mask)
-        for label, dropouts in (("residual dropout only", (0.0, 0.0)), ("+ attention and ReLU 0.1", (0.1, 0.1)))
-        for mask in ("rand_like", "16-bit lanes")
+    settings = {
+        "residual dropout only (default)": (0.0, 0.0),
+        "+ attention 0.1": (0.1, 0.0),
+        "+ ReLU 0.1": (0.0, 0.1),
+        "+ attention and ReLU 0.1": (0.1, 0.1),
     }
+    cases = [(label, PACKAGE) for label in settings]
+    cases += [("residual dropout only (default)", RAND_LIKE), ("+ ReLU 0.1", RAND_LIKE)]
+    cases += [("residual dropout only (default)", FP32_LOGITS)]
+    systems = {f"{label}, {name}": step_system(*settings[label], name) for label, name in cases}
     times = common.run_interleaved(systems, rounds=args.rounds, warmup=3)
     for name, t in times.items():
         results[name] = common.summarize(t)
-        print(f"  {name:<46} {1000 * results[name]['median']:7.1f} ms (cv {results[name]['cv']:.2f})")
+        print(f"  {name:<62} {1000 * results[name]['median']:7.1f} ms (cv {results[name]['cv']:.2f})")
     noise = common.noise_line(results)
     print(noise)
     return common.save_results(

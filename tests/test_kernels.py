@@ -14,6 +14,7 @@ from vanilla_transformer.model.kernels import (
     attention,
     dropout,
     is_tracing,
+    keep_mask,
     packed_weights,
 )
 
@@ -124,10 +125,34 @@ def test_dropout_zeroes_a_fraction_p_and_rescales_the_rest(p):
     assert abs(1 - kept.float().mean().item() - p) < 0.003  # 1M draws: 4+ standard deviations
     reference = nn.functional.dropout(x, p, training=True) != 0
     assert abs(kept.float().mean().item() - reference.float().mean().item()) < 0.004
-    torch.testing.assert_close(y[kept], x[kept] / (1 - p))
+    realised = round(p * 65536) / 65536  # the 16-bit mask's drop probability, p to within 2⁻¹⁷
+    assert abs(realised - p) <= 2**-17
+    torch.testing.assert_close(y[kept], x[kept] / (1 - realised))
     y.sum().backward()
-    torch.testing.assert_close(x.grad, kept.float() / (1 - p))
+    torch.testing.assert_close(x.grad, kept.float() / (1 - realised))
     assert dropout(x, p, training=False) is x and dropout(x, 0.0, training=True) is x
+
+
+def test_keep_masks_are_independent_per_element_and_follow_the_seed():
+    """Four mask elements share one 64-bit draw: neighbours must still be independent (no correlation between
+    positions 4k..4k+3, nor across draws), any size works, and the same seed gives the same mask."""
+    torch.manual_seed(3)
+    x = torch.empty(1_000_003)  # not a multiple of 4
+    keep, realised = keep_mask(x, 0.1)
+    assert keep.shape == x.shape and keep.dtype == torch.bool and realised == 6554 / 65536
+    drop = (~keep[:1_000_000]).float().view(-1, 4)  # (words, lanes)
+    assert torch.allclose(drop.mean(0), torch.full((4,), realised), atol=0.003)  # every lane drops at rate p
+    centred = drop - drop.mean()
+    for a in range(4):
+        for b in range(a + 1, 4):  # lanes of one draw, then the same lane of consecutive draws
+            assert abs((centred[:, a] * centred[:, b]).mean().item()) < 0.0015  # p(1-p) = 0.09 if identical
+        assert abs((centred[1:, a] * centred[:-1, a]).mean().item()) < 0.0015
+    torch.manual_seed(3)
+    assert torch.equal(keep_mask(x, 0.1)[0], keep)
+    assert keep_mask(torch.empty(0), 0.1)[0].shape == (0,)
+    assert keep_mask(torch.empty(3, 5, dtype=torch.bfloat16), 0.5)[0].shape == (3, 5)
+    # Probabilities within 2⁻¹⁷ of 1 fall back to torch's dropout (all zeros at 1).
+    assert torch.equal(dropout(torch.ones(7), 1.0, training=True), torch.zeros(7))
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
