@@ -52,10 +52,9 @@ class SmoothedCrossEntropy(torch.autograd.Function):
         valid = labels != IGNORE_INDEX
         target = torch.where(valid, labels, 0)
         lse = logsumexp_rows(logits)  # (N,) in compute_dtype
-        nll = lse - logits.gather(1, target[:, None]).squeeze(1).to(lse.dtype)  # −log p_y
+        loss = lse - logits.gather(1, target[:, None]).squeeze(1).to(lse.dtype)  # −log p_y
         if smoothing:
-            nll = (1.0 - smoothing) * nll + smoothing * (lse - logits.mean(dim=1, dtype=lse.dtype))
-        loss = nll
+            loss = (1.0 - smoothing) * loss + smoothing * (lse - logits.mean(dim=1, dtype=lse.dtype))
         ctx.smoothing = smoothing
         ctx.save_for_backward(logits, lse, target, valid)
         return torch.where(valid, loss, 0.0)
