@@ -1,8 +1,10 @@
 """CPU dropout and loss in a `small` bf16 training step: the keep-mask draw alone (the package's `kernels.keep_mask`,
-four 16-bit uniforms per 64-bit draw, against `rand_like(x) >= p` and torch's `bernoulli_`), then training steps
-with each dropout turned on (residual only, the default; + attention weights; + the FFN's ReLU; both), with the
-package's mask and with `rand_like`, and the default step with its loss fed fp32 logits (the whole (tokens, vocab)
-tensor cast first, as before the loss widened bf16 logits chunk by chunk); interleaved.
+four 16-bit lanes per 64-bit draw compared in int16 into a mask of x's dtype, against the same lanes compared into a
+bool mask as before, `rand_like(x) >= p` and torch's `bernoulli_`), then training steps with each dropout turned on
+(residual only, the default; + attention weights; + the FFN's ReLU; both), with the package's masks and fused
+ReLU-dropout, with the bool masks and a separate ReLU (before), and with `rand_like` masks, and the default step with
+its loss fed fp32 logits (the whole (tokens, vocab) tensor cast first, as before the loss widened bf16 logits chunk by
+chunk); interleaved.
 
 One step = forward with labels under bf16 autocast (as the main job trains on CPUs with native bf16), backward,
 AdamW, on a fixed batch of 48 x 21 source and target tokens (about the main job's 1,024-token batches).
@@ -20,7 +22,28 @@ from benchmarks import common
 
 MASK_ELEMENTS = 1 << 20
 BATCH, LENGTH = 48, 21
-PACKAGE, RAND_LIKE, FP32_LOGITS = "package", "rand_like masks", "package, loss fed fp32 logits"
+PACKAGE, BOOL_MASKS, RAND_LIKE = "package", "bool masks, separate ReLU", "rand_like masks"
+FP32_LOGITS = "package, loss fed fp32 logits"
+
+
+def _bool_keep_mask(x, p: float):
+    """The package's keep-mask as it was: the same 16-bit lanes, compared into a bool mask."""
+    import torch
+
+    drops = round(p * 65536)
+    words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
+    lanes = words.view(torch.int16)[: x.numel()].view(x.shape)
+    return lanes >= drops - 32768, drops / 65536
+
+
+def _bool_dropout(x, p: float, training: bool):
+    """The package's CPU dropout as it was: a bool mask, multiplied in."""
+    if not training or p == 0.0:
+        return x
+    import torch
+
+    keep, realised = _bool_keep_mask(x, p)
+    return torch.mul(x, keep).mul_(1.0 / (1.0 - realised))
 
 
 def _rand_like_dropout(x, p: float, training: bool):
@@ -34,20 +57,23 @@ def _rand_like_dropout(x, p: float, training: bool):
 
 @contextlib.contextmanager
 def variant(name: str) -> Iterator[None]:
-    """Run the step as the package does, with `rand_like` masks in the layers (attention dropout runs inside the
-    attention backend either way), or with the loss fed fp32 logits."""
+    """Run the step as the package does, with the bool masks and a separate ReLU or `rand_like` masks in the layers
+    (attention dropout runs inside the attention backend either way), or with the loss fed fp32 logits."""
+    import torch
+
     from vanilla_transformer.model import kernels, layers
     from vanilla_transformer.model import modeling_vanilla_transformer as modeling
 
-    saved = layers.dropout, modeling.cross_entropy
-    if name == RAND_LIKE:
-        layers.dropout = _rand_like_dropout
+    saved = layers.dropout, layers.relu_dropout, modeling.cross_entropy
+    if name in (RAND_LIKE, BOOL_MASKS):
+        layers.dropout = _rand_like_dropout if name == RAND_LIKE else _bool_dropout
+        layers.relu_dropout = lambda x, p, training: layers.dropout(torch.relu(x), p, training)
     elif name == FP32_LOGITS:
         modeling.cross_entropy = lambda logits, labels, eps: kernels.cross_entropy(logits.float(), labels, eps)
     try:
         yield
     finally:
-        layers.dropout, modeling.cross_entropy = saved
+        layers.dropout, layers.relu_dropout, modeling.cross_entropy = saved
 
 
 def mask_systems() -> dict[str, Callable[[], object]]:
@@ -55,11 +81,12 @@ def mask_systems() -> dict[str, Callable[[], object]]:
 
     from vanilla_transformer.model.kernels import keep_mask
 
-    x = torch.empty(MASK_ELEMENTS)
+    x = torch.empty(MASK_ELEMENTS, dtype=torch.bfloat16)  # the FFN masks are bf16 under autocast
     return {
         "bernoulli_ (nn.functional.dropout)": lambda: torch.empty_like(x).bernoulli_(0.9),
         "rand_like(x) >= p": lambda: torch.rand_like(x) >= 0.1,
-        "keep_mask (16-bit lanes, the package)": lambda: keep_mask(x, 0.1),
+        "16-bit lanes compared into bool (before)": lambda: _bool_keep_mask(x, 0.1),
+        "keep_mask (int16 compare, the package)": lambda: keep_mask(x, 0.1),
     }
 
 
@@ -112,6 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
         "+ attention and ReLU 0.1": (0.1, 0.1),
     }
     cases = [(label, PACKAGE) for label in settings]
+    cases += [("residual dropout only (default)", BOOL_MASKS), ("+ ReLU 0.1", BOOL_MASKS)]
     cases += [("residual dropout only (default)", RAND_LIKE), ("+ ReLU 0.1", RAND_LIKE)]
     cases += [("residual dropout only (default)", FP32_LOGITS)]
     systems = {f"{label}, {name}": step_system(*settings[label], name) for label, name in cases}

@@ -16,6 +16,7 @@ from vanilla_transformer.model.kernels import (
     is_tracing,
     keep_mask,
     packed_weights,
+    relu_dropout,
 )
 
 needs_onednn = pytest.mark.skipif(not _onednn_available(), reason="torch built without oneDNN: nothing is packed")
@@ -125,23 +126,26 @@ def test_dropout_zeroes_a_fraction_p_and_rescales_the_rest(p):
     assert abs(1 - kept.float().mean().item() - p) < 0.003  # 1M draws: 4+ standard deviations
     reference = nn.functional.dropout(x, p, training=True) != 0
     assert abs(kept.float().mean().item() - reference.float().mean().item()) < 0.004
-    realised = round(p * 65536) / 65536  # the 16-bit mask's drop probability, p to within 2⁻¹⁷
-    assert abs(realised - p) <= 2**-17
+    realised = round(p * 32768) / 32768  # the 15-bit comparison's drop probability, p to within 2⁻¹⁶
+    assert abs(realised - p) <= 2**-16
     torch.testing.assert_close(y[kept], x[kept] / (1 - realised))
     y.sum().backward()
     torch.testing.assert_close(x.grad, kept.float() / (1 - realised))
     assert dropout(x, p, training=False) is x and dropout(x, 0.0, training=True) is x
 
 
-def test_keep_masks_are_independent_per_element_and_follow_the_seed():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_keep_masks_are_independent_per_element_and_follow_the_seed(dtype):
     """Four mask elements share one 64-bit draw: neighbours must still be independent (no correlation between
-    positions 4k..4k+3, nor across draws), any size works, and the same seed gives the same mask."""
+    positions 4k..4k+3, nor across draws), any size works, the mask holds exactly 0 and 1 in x's dtype (for 16-bit
+    floats it is written over the drawn words' bits), and the same seed gives the same mask."""
     torch.manual_seed(3)
-    x = torch.empty(1_000_003)  # not a multiple of 4
+    x = torch.empty(1_000_003, dtype=dtype)  # not a multiple of 4
     keep, realised = keep_mask(x, 0.1)
-    assert keep.shape == x.shape and keep.dtype == torch.bool and realised == 6554 / 65536
-    drop = (~keep[:1_000_000]).float().view(-1, 4)  # (words, lanes)
-    assert torch.allclose(drop.mean(0), torch.full((4,), realised), atol=0.003)  # every lane drops at rate p
+    assert keep.shape == x.shape and keep.dtype == dtype and realised == 3277 / 32768
+    assert set(keep.unique().tolist()) == {0.0, 1.0}
+    drop = (1 - keep[:1_000_000].double()).view(-1, 4)  # (words, lanes)
+    assert torch.allclose(drop.mean(0), torch.full((4,), realised, dtype=drop.dtype), atol=0.003)  # every lane: p
     centred = drop - drop.mean()
     for a in range(4):
         for b in range(a + 1, 4):  # lanes of one draw, then the same lane of consecutive draws
@@ -151,8 +155,46 @@ def test_keep_masks_are_independent_per_element_and_follow_the_seed():
     assert torch.equal(keep_mask(x, 0.1)[0], keep)
     assert keep_mask(torch.empty(0), 0.1)[0].shape == (0,)
     assert keep_mask(torch.empty(3, 5, dtype=torch.bfloat16), 0.5)[0].shape == (3, 5)
-    # Probabilities within 2⁻¹⁷ of 1 fall back to torch's dropout (all zeros at 1).
+    # The rate holds across p, 0 and the largest p below the fallback included.
+    for p in (0.0, 0.05, 0.5, 0.9, 1 - 2**-14):
+        drops = 1 - keep_mask(torch.empty(400_000, dtype=dtype), p)[0].double().mean().item()
+        assert abs(drops - round(p * 32768) / 32768) < 0.004
+    # Probabilities within 2⁻¹⁶ of 1 fall back to torch's dropout (all zeros at 1).
     assert torch.equal(dropout(torch.ones(7), 1.0, training=True), torch.zeros(7))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_relu_dropout_is_dropout_of_relu_with_one_saved_tensor(dtype):
+    """The fused FFN step against the two operations written out (same seed, so the same mask): the same output and
+    the same gradient, including at x = 0 and where a positive input was dropped; only its output is saved for the
+    backward; eval and p = 0 are the plain ReLU, and graph capture gets `nn.functional.dropout` of the ReLU."""
+    x0 = torch.randn(64, 3, 333, dtype=dtype)
+    x0[0, 0, :50] = 0.0
+    grad = torch.randn_like(x0)
+    torch.manual_seed(11)
+    x = x0.clone().requires_grad_()
+    y = relu_dropout(x, 0.2, training=True)
+    y.backward(grad)
+    torch.manual_seed(11)
+    x_ref = x0.clone().requires_grad_()
+    y_ref = dropout(torch.relu(x_ref), 0.2, training=True)
+    y_ref.backward(grad)
+    assert torch.equal(y, y_ref) and torch.equal(x.grad, x_ref.grad)
+    dropped = (x0 > 0) & (y == 0)
+    assert dropped.any() and not x.grad[dropped].any()
+    assert abs(dropped.sum().item() / (x0 > 0).sum().item() - 0.2) < 0.01
+
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = relu_dropout(x0.clone().requires_grad_(), 0.2, training=True)
+    assert len(saved) == 1 and saved[0].data_ptr() == out.data_ptr()
+
+    assert torch.equal(relu_dropout(x0, 0.2, training=False), torch.relu(x0))
+    assert torch.equal(relu_dropout(x0, 0.0, training=True), torch.relu(x0))
+    traced = torch.jit.trace(lambda t: relu_dropout(t, 0.5, training=True), x0.float(), check_trace=False)
+    seen = {node.kind() for node in traced.graph.nodes()}
+    assert "aten::dropout" in seen and "aten::relu" in seen
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")

@@ -3,11 +3,12 @@ never choose a kernel themselves; `is_tracing` is the one "is a graph being capt
 
 - `Linear` and `packed_weights`: `nn.Linear` with a packed-weight CPU path for decoding (below).
 - `attention`: the attention backend, run in fp32 under CPU bf16 autocast (mixed-precision training on the CPU).
-- `dropout` and `keep_mask`: a faster keep-mask draw for eager CPU training.
+- `dropout`, `relu_dropout` and `keep_mask`: faster keep-masks for eager CPU training, and the FFN's ReLU and its
+  dropout as one autograd node.
 - `cross_entropy`: the chunked label-smoothed loss of `loss.py` for eager CPU runs, torch's fused kernel elsewhere.
 
 Each path computes what the plain torch operation computes (to fp32 rounding; dropout draws its masks with the same
-probability, to within 2⁻¹⁷), and compiled, exported or traced graphs always get the plain torch operation. Imports
+probability, to within 2⁻¹⁶), and compiled, exported or traced graphs always get the plain torch operation. Imports
 only torch and a sibling, so that it can be shipped as remote code.
 
 **Packed linear.** Every decoding step multiplies batch × beams rows (1 to a few dozen) by each decoder weight and by
@@ -37,6 +38,7 @@ from .loss import IGNORE_INDEX, token_cross_entropy
 # module -> (weight key, packed weight); weak, so copies and deletions of modules need no care.
 _PACKED: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, torch.Tensor]]" = weakref.WeakKeyDictionary()
 _SAMPLE_SIZE = 64  # elements of the weight compared when a block opens
+_ONE_BITS = {torch.bfloat16: 0x3F80, torch.float16: 0x3C00}  # the int16 bit pattern of 1.0 in each 16-bit float
 
 
 def _onednn_available() -> bool:
@@ -145,33 +147,82 @@ def attention(interface: Callable, module: nn.Module, query: torch.Tensor, key: 
 
 
 def keep_mask(x: torch.Tensor, p: float) -> tuple[torch.Tensor, float]:
-    """A CPU keep-mask of x's shape for dropout probability p, and the drop probability it realises.
+    """A CPU keep-mask for dropout probability p, as 0s and 1s in x's shape and dtype, and the drop probability it
+    realises.
 
-    Each 64-bit draw of torch's generator (seeded by `torch.manual_seed`) is split into four 16-bit uniforms, each
-    compared with round(p · 2¹⁶): a quarter of the generator calls of `rand_like(x) >= p` (one draw per element) and
-    1.59 against 4.00 ms per 1M elements on 2 cores (`python -m benchmarks.dropout_speed`). The realised probability
-    round(p · 2¹⁶) / 2¹⁶ is p to within 2⁻¹⁷ (0.100006 for 0.1).
+    Each 64-bit draw of torch's generator (seeded by `torch.manual_seed`) gives four 16-bit lanes; each lane's top 15
+    bits are a uniform u over [-2¹⁴, 2¹⁴), dropped when u < t = round(p · 2¹⁵) - 2¹⁴. The comparison runs as int16
+    arithmetic, (u - t) >> 15 (the sign: -1 drop, 0 keep; u - t cannot overflow), + 1, and the mask is converted to
+    x's dtype so that applying it is a plain vectorised product: torch's bool comparisons and bool-by-float products
+    take 3-10 times as long on the CPU (`python -m benchmarks.dropout_speed`). The realised probability
+    round(p · 2¹⁵) / 2¹⁵ is p to within 2⁻¹⁶ (0.100006 for 0.1). Every step runs in place on the drawn words (fresh
+    tensors cost page faults on the CPU): for bf16 and fp16 the mask is the words' own memory, read as x's dtype.
     """
-    drops = round(p * 65536)  # of the 65,536 values of a 16-bit lane, this many drop
+    drops = round(p * 32768)  # of the 32,768 values of a 15-bit uniform, this many drop
     words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64, device=x.device).random_(-(2**63), 2**63 - 1)
     lanes = words.view(torch.int16)[: x.numel()].view(x.shape)  # (same shape as x) uniform over [-2¹⁵, 2¹⁵)
-    return lanes >= drops - 32768, drops / 65536
+    u = lanes.bitwise_right_shift_(1)  # in place: uniform over [-2¹⁴, 2¹⁴)
+    keep = u.sub_(drops - 16384).bitwise_right_shift_(15).add_(1)  # in place: 0 drop, 1 keep
+    if x.dtype in _ONE_BITS:  # 16-bit floats: 1 becomes the bit pattern of 1.0 in place, no new tensor
+        return keep.mul_(_ONE_BITS[x.dtype]).view(x.dtype), drops / 32768
+    return keep.to(x.dtype), drops / 32768
+
+
+def _eager_cpu(x: torch.Tensor, p: float) -> bool:
+    """Whether the package's CPU masks apply: eager, on the CPU, and p not within 2⁻¹⁶ of 1."""
+    return x.device.type == "cpu" and not is_tracing() and round(p * 32768) < 32768
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """Dropout (§5.4): zero each element with probability p, scale the rest by 1 / (1 - p).
 
-    On CPU the keep-mask comes from `keep_mask` (four 16-bit uniforms per 64-bit draw): torch's CPU `bernoulli_`
-    behind `nn.functional.dropout` takes about four times as long (6.22 ms per 1M elements on 2 cores); the masks of
-    the FFN's ReLU dropout are 6M elements a `small` training step. Elsewhere, and in captured graphs,
+    On CPU the keep-mask comes from `keep_mask` (four 16-bit lanes per 64-bit draw, compared in int16, applied as a
+    product): torch's CPU `bernoulli_` behind `nn.functional.dropout` draws one float per element and takes several
+    times as long. The mask (x's dtype) is what autograd keeps for the backward. Elsewhere, and in captured graphs,
     `nn.functional.dropout` is used.
     """
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or is_tracing() or round(p * 65536) >= 65536:  # p within 2⁻¹⁷ of 1
+    if not _eager_cpu(x, p):
         return nn.functional.dropout(x, p=p, training=True)
     keep, realised = keep_mask(x, p)
     return torch.mul(x, keep).mul_(1.0 / (1.0 - realised))
+
+
+class _ReLUDropout(torch.autograd.Function):
+    """Dropout(max(0, x)) with one saved tensor, its output y: y > 0 exactly where x > 0 and the element was kept,
+    so the gradient is the incoming one times 1 / (1 - p) there and 0 elsewhere. The following projection (`fc2`)
+    keeps y for its own backward already, so neither the mask nor the ReLU's output is held a second time, and the
+    backward is two passes instead of three."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
+        keep, realised = keep_mask(x, p)
+        scale = 1.0 / (1.0 - realised)
+        y = torch.relu(x).mul_(keep).mul_(scale)
+        ctx.scale = scale
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (y,) = ctx.saved_tensors
+        return torch.ops.aten.threshold_backward(grad, y, 0).mul_(ctx.scale), None
+
+
+def relu_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """dropout(max(0, x), p): the FFN's ReLU and the dropout after it (§3.3; the dropout is not in the paper).
+
+    In eager CPU training the two run as one autograd node (`_ReLUDropout`) with `keep_mask`'s masks: in a `small`
+    bf16 training step the ReLU's dropout then costs a few percent of the step instead of about 8 %
+    (`python -m benchmarks.dropout_speed`). Elsewhere it is `dropout(relu(x))` as written.
+    """
+    if not training or p == 0.0:
+        return torch.relu(x)
+    if not _eager_cpu(x, p):
+        return nn.functional.dropout(torch.relu(x), p=p, training=True)
+    return _ReLUDropout.apply(x, p)
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:

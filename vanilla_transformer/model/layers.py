@@ -15,7 +15,7 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
 
 from .attention import MultiHeadAttention
-from .kernels import Linear, dropout
+from .kernels import Linear, dropout, relu_dropout
 
 
 class ResidualLayerNorm(nn.LayerNorm):
@@ -55,12 +55,16 @@ class PositionwiseFeedForward(nn.Module):
     def __init__(self, activation_function: str = "relu", activation_dropout: float = 0.0):
         super().__init__()
         self.activation_fn = ACT2FN[activation_function]  # max(0, ·) for the paper's "relu"
+        self.is_relu = activation_function == "relu"
         self.activation_dropout = activation_dropout  # not in the paper: 0 by default
 
     def forward(self, hidden_states: torch.Tensor, fc1: nn.Linear, fc2: nn.Linear) -> torch.Tensor:
         """hidden_states: (batch, len, d_model) → (batch, len, d_model), through (batch, len, d_ff)."""
-        hidden = self.activation_fn(fc1(hidden_states))  # (batch, len, d_ff)
-        hidden = dropout(hidden, self.activation_dropout, self.training)
+        if self.is_relu:  # max(0, ·) and its dropout as one step (`kernels.relu_dropout`)
+            hidden = relu_dropout(fc1(hidden_states), self.activation_dropout, self.training)  # (batch, len, d_ff)
+        else:
+            hidden = self.activation_fn(fc1(hidden_states))  # (batch, len, d_ff)
+            hidden = dropout(hidden, self.activation_dropout, self.training)
         return fc2(hidden)  # (batch, len, d_model)
 
 
