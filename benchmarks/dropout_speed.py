@@ -1,6 +1,7 @@
 """CPU dropout and loss in a `small` bf16 training step: the keep-mask draw alone (the package's `kernels.keep_mask`,
 four 16-bit lanes per 64-bit draw compared in int16 into a mask of x's dtype, against the same lanes compared into a
-bool mask as before, `rand_like(x) >= p` and torch's `bernoulli_`), then training steps with each dropout turned on
+bool mask as before, `rand_like(x) >= p` and torch's `bernoulli_`), one layer's dropout forward and backward (the
+package's against the bool masks), then training steps with each dropout turned on
 (residual only, the default; + attention weights; + the FFN's ReLU; both), with the package's masks and fused
 ReLU-dropout, with the bool masks and a separate ReLU (before), and with `rand_like` masks, and the default step with
 its loss fed fp32 logits (the whole (tokens, vocab) tensor cast first, as before the loss widened bf16 logits chunk by
@@ -90,6 +91,32 @@ def mask_systems() -> dict[str, Callable[[], object]]:
     }
 
 
+def layer_systems() -> dict[str, Callable[[], object]]:
+    """Forward and backward of one dropout on a `small` step's bf16 activations: a residual dropout on (1,008, 256)
+    and the FFN's ReLU with its dropout on (1,008, 1,024), the package's against bool masks (and a separate ReLU)."""
+    import torch
+
+    from vanilla_transformer.model.kernels import dropout, relu_dropout
+
+    gen = torch.Generator().manual_seed(common.SEED)
+    residual, ffn = (torch.randn(BATCH * LENGTH, d, generator=gen).bfloat16() for d in (256, 1024))
+
+    def run(fn, x):
+        def once():
+            leaf = x.detach().requires_grad_()
+            fn(leaf).backward(x)
+
+        return once
+
+    return {
+        "residual dropout 0.1, package": run(lambda t: dropout(t, 0.1, True), residual),
+        "residual dropout 0.1, bool mask (before)": run(lambda t: _bool_dropout(t, 0.1, True), residual),
+        "ReLU + dropout 0.1, package (fused)": run(lambda t: relu_dropout(t, 0.1, True), ffn),
+        "ReLU + dropout 0.1, bool mask, separate ReLU": run(lambda t: _bool_dropout(torch.relu(t), 0.1, True), ffn),
+        "ReLU alone": run(torch.relu, ffn),
+    }
+
+
 def step_system(attention_dropout: float, activation_dropout: float, name: str) -> Callable[[], object]:
     import torch
 
@@ -130,6 +157,12 @@ def main(argv: list[str] | None = None) -> dict:
     for name, t in times.items():
         results[name] = common.summarize(t)
         print(f"  {name:<36} {1000 * results[name]['median']:7.2f} ms")
+
+    print(f"one layer's dropout, forward and backward, bf16, {BATCH * LENGTH} tokens, median of {args.rounds} rounds:")
+    times = common.run_interleaved(layer_systems(), rounds=args.rounds, warmup=3)
+    for name, t in times.items():
+        results[name] = common.summarize(t)
+        print(f"  {name:<46} {1000 * results[name]['median']:7.3f} ms")
 
     print(f"small-preset training step, bf16 autocast, {BATCH}x{LENGTH} tokens, median of {args.rounds} rounds:")
     settings = {
