@@ -214,9 +214,9 @@ class _ReLUDropout(torch.autograd.Function):
 def relu_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """dropout(max(0, x), p): the FFN's ReLU and the dropout after it (§3.3; the dropout is not in the paper).
 
-    In eager CPU training the two run as one autograd node (`_ReLUDropout`) with `keep_mask`'s masks: on the FFN's
-    (1,008, 1,024) bf16 activations of a `small` step, forward and backward take 2.2 ms against 4.7 for a bool mask
-    after a separate ReLU (2 threads). Over a whole main job the ReLU's dropout still costs about 7 % of the steps
+    In eager CPU training the two run as one autograd node (`_ReLUDropout`) with `keep_mask`'s masks: in a `small`
+    bf16 step the ReLU's dropout took +1.6 % against +5.6 % with a bool mask after a separate ReLU (`python -m
+    benchmarks.dropout_speed --rounds 30`), but over a whole main job it still costs about 7 % of the steps
     (docs/TRAINING.md). Elsewhere it is `dropout(relu(x))` as written.
     """
     if not training or p == 0.0:
