@@ -8,7 +8,12 @@ from transformers import AutoModelForSeq2SeqLM
 
 from tests.training_fixtures import TINY_OVERRIDES, TINY_OVERRIDES_ARG, make_pairs, write_mo
 from vanilla_transformer.training.experiment import parse_config_overrides
-from vanilla_transformer.training.main_job import MainJobArguments, model_overrides, run_main_job
+from vanilla_transformer.training.main_job import (
+    MainJobArguments,
+    checkpoint_steps,
+    model_overrides,
+    run_main_job,
+)
 from vanilla_transformer.training.recipe import cpu_has_fast_bf16
 
 SIZES = ",".join(f"{name}={value}" for name, value in TINY_OVERRIDES.items() if name != "dropout")  # --dropout decides
@@ -127,6 +132,18 @@ def test_model_overrides_put_the_dropouts_first_so_config_overrides_win():
     }
     overridden = parse_config_overrides(model_overrides("dropout=0.3,attention_dropout=0", **dropouts))
     assert overridden["dropout"] == 0.3 and overridden["attention_dropout"] == 0
+
+
+def test_checkpoints_and_validations_are_spaced_to_spare_the_budget():
+    # Validation (beam search) every 1,000 steps and a checkpoint every 500: each takes time from training
+    # (TRAINING.md). Averaging wants the last states close together, so it saves every 100 steps unless told.
+    defaults = MainJobArguments()
+    assert defaults.eval_steps == 1000 and defaults.save_steps is None and defaults.average_checkpoints == 0
+    assert checkpoint_steps(defaults.save_steps, defaults.average_checkpoints) == 500
+    assert checkpoint_steps(None, 5) == 100
+    assert checkpoint_steps(250, 5) == checkpoint_steps(250, 0) == 250
+    with pytest.raises(ValueError, match="--save_steps 0"):
+        checkpoint_steps(0, 0)
 
 
 def test_main_job_without_catalogs_says_what_to_do(tmp_path):

@@ -82,8 +82,16 @@ class MainJobArguments:
     bf16: bool | None = _arg(
         None, "bf16 autocast (default: on where the CPU multiplies bf16 natively, 1.24x the tokens/s; TRAINING.md)."
     )
-    eval_steps: int = _arg(500, "Validate (beam search, BLEU on --max_eval_samples pairs) every N steps.")
-    save_steps: int = _arg(100, "Save a checkpoint every N steps (to resume from, or to average).")
+    eval_steps: int = _arg(
+        1000,
+        "Validate (beam search, BLEU on --max_eval_samples pairs) every N steps; each validation takes 6-8 s of the "
+        "budget, about 25 steps (TRAINING.md).",
+    )
+    save_steps: int | None = _arg(
+        None,
+        "Save a checkpoint every N steps, to resume from or to average (default: 100 with --average_checkpoints, "
+        "so that the averaged states are close together, else 500).",
+    )
     average_checkpoints: int = _arg(
         0,
         "Average the final weights with the last N-1 checkpoints (§6.1); 0: off (it did not help after the cooldown).",
@@ -97,6 +105,19 @@ class MainJobArguments:
     examples: list[str] = field(
         default_factory=lambda: list(EXAMPLE_SENTENCES), metadata={"help": "Sentences to translate at the end."}
     )
+
+
+ONNX_RESERVE_S = 20.0  # kept back for the ONNX export and its examples (12-14 s measured on 2 cores)
+
+
+def checkpoint_steps(save_steps: int | None, average_checkpoints: int) -> int:
+    """Steps between checkpoints: `save_steps` when given; else 100 when the last checkpoints are averaged (they should
+    be the last few hundred steps), else 500 (only to resume from: each save takes time from training)."""
+    if save_steps is not None:
+        if save_steps < 1:
+            raise ValueError(f"--save_steps {save_steps}: give 1 or more.")
+        return save_steps
+    return 100 if average_checkpoints > 0 else 500
 
 
 def _reserved_seconds(budget_s: float, reserve_minutes: float | None) -> float:
@@ -146,7 +167,7 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
     tokenizer.save_pretrained(output / "tokenizer")
     now = lap("tokenizer", now)
 
-    reserve_s = _reserved_seconds(budget_s, args.reserve_minutes) + (30.0 if args.export_onnx else 0.0)
+    reserve_s = _reserved_seconds(budget_s, args.reserve_minutes) + (ONNX_RESERVE_S if args.export_onnx else 0.0)
     train_budget_s = budget_s - (time.monotonic() - started) - reserve_s
     if train_budget_s < 10:
         raise ValueError(f"--time_budget_minutes {args.time_budget_minutes} leaves no time to train; give it more.")
@@ -159,7 +180,8 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
     )  # fmt: skip
     training_kwargs = dict(
         output_dir=str(model_dir), do_train=True, predict_with_generate=True, max_steps=args.max_steps,
-        eval_strategy="steps", eval_steps=args.eval_steps, save_steps=args.save_steps,
+        eval_strategy="steps", eval_steps=args.eval_steps,
+        save_steps=checkpoint_steps(args.save_steps, args.average_checkpoints),
         save_total_limit=max(args.average_checkpoints, 2),
         logging_steps=25, warmup_steps=args.warmup_steps, learning_rate=args.learning_rate, seed=args.seed,
         report_to=["tensorboard"], use_cpu=True, bf16=bf16, per_device_eval_batch_size=64, disable_tqdm=True,
