@@ -127,9 +127,8 @@ class MultiHeadAttention(nn.Module):
                 if is_cross_attention and isinstance(cache, EncoderDecoderCache):
                     cache.is_updated[self.layer_idx] = True
 
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
+        implementation = self.config._attn_implementation
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         output, weights = attention(
             attention_interface,
             self,
@@ -137,6 +136,8 @@ class MultiHeadAttention(nn.Module):
             key,
             value,
             attention_mask,
+            # Under CPU autocast the sdpa and eager backends run as this formula in bf16 (kernels.attention).
+            math=eager_attention_forward if implementation in (None, "eager", "sdpa") else None,
             dropout=self.dropout if self.training else 0.0,
             scaling=self.scaling,
             **kwargs,

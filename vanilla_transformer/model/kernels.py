@@ -2,7 +2,8 @@
 never choose a kernel themselves; `is_tracing` is the one "is a graph being captured?" check they all share.
 
 - `Linear` and `packed_weights`: `nn.Linear` with a packed-weight CPU path for decoding (below).
-- `attention`: the attention backend, run in fp32 under CPU bf16 autocast (mixed-precision training on the CPU).
+- `attention`: the attention backend under CPU bf16 autocast (mixed-precision training on the CPU): the eager formula
+  in bf16 for `sdpa` and `eager`, any other backend in fp32.
 - `dropout`, `relu_dropout` and `keep_mask`: faster keep-masks for eager CPU training, and the FFN's ReLU and its
   dropout as one autograd node.
 - `cross_entropy`: the chunked label-smoothed loss of `loss.py` for eager CPU runs, torch's fused kernel elsewhere.
@@ -126,18 +127,35 @@ def packed_weights(model: nn.Module) -> Iterator[None]:
 
 
 def attention(interface: Callable, module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-              attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+              attention_mask: torch.Tensor | None, *, math: Callable | None = None,
+              **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """`interface(module, query, key, value, attention_mask, **kwargs)`, transformers' attention-function contract.
 
     Under CPU autocast (`--bf16 --use_cpu`) the projections around it run in bf16, where CPUs with AVX512-BF16 or AMX
     multiply about twice as fast as in fp32, but torch's CPU flash-attention backward is far slower in bf16 than in
-    fp32: in a `small` training step of 64x15 tokens on 2 cores it took 70 ms of 290 against 10 in fp32. So there
-    the backend gets fp32 queries, keys and values (and mask) with autocast off, and its output is cast back to the
-    queries' dtype: softmax(QKᵀ/√d_k)V in fp32, the step 1.4x faster than fp32 throughout (TRAINING.md, "Mixed
-    precision on the CPU"). Elsewhere, and in captured graphs, the backend is called as it is.
+    fp32: in a `small` training step of 64x15 tokens on 2 cores it took 70 ms of 290 against 10 in fp32. So there:
+
+    - when `math` is given (the caller's eager formula, softmax(QKᵀ/√d_k)V, for the `sdpa` and `eager` backends), it
+      runs in the autocast dtype: QKᵀ and the product with V in bf16, the softmax in fp32 (as transformers' eager
+      attention runs under GPU autocast). At the short lengths of translation batches the flash kernel's blocking is
+      all overhead: a `small` bf16 training step over five batch shapes of 1,024 tokens took 5-7 % less time than
+      with fp32 flash attention (docs/TRAINING.md, "Attention in bf16"). Where the `sdpa` backend would have taken
+      `is_causal` (no mask, more than one query), the causal mask is built here;
+    - otherwise the backend gets fp32 queries, keys and values (and mask) with autocast off, and its output is cast
+      back to the queries' dtype.
+
+    Elsewhere, and in captured graphs, the backend is called as it is.
     """
     if query.device.type != "cpu" or not torch.is_autocast_enabled("cpu") or is_tracing():
         return interface(module, query, key, value, attention_mask, **kwargs)
+    if math is not None:
+        tgt_len, src_len = query.shape[2], key.shape[2]
+        if attention_mask is None and tgt_len > 1 and getattr(module, "is_causal", True):
+            # (tgt_len, src_len) True = attend; query i sees keys up to src_len - tgt_len + i, as sdpa's is_causal
+            causal = torch.ones(tgt_len, src_len, dtype=torch.bool, device=query.device)
+            attention_mask = causal.tril(src_len - tgt_len)
+        output, weights = math(module, query, key, value, attention_mask, **kwargs)
+        return output, (weights if interface is math else None)
     dtype = query.dtype
     if attention_mask is not None and attention_mask.is_floating_point():
         attention_mask = attention_mask.float()
