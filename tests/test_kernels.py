@@ -216,8 +216,9 @@ def test_is_tracing_only_while_a_graph_is_captured():
 
 
 def test_attention_runs_in_fp32_under_cpu_autocast_and_is_a_pass_through_elsewhere():
-    """Against torch's own scaled_dot_product_attention in fp32: under bf16 autocast the backend gets fp32 inputs
-    (and mask) with autocast off, and its output comes back in the queries' dtype."""
+    """Against torch's own scaled_dot_product_attention in fp32: under bf16 autocast a backend without a `math`
+    formula (flex, flash, ...) gets fp32 inputs (and mask) with autocast off, and its output comes back in the
+    queries' dtype."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     torch.manual_seed(0)
@@ -243,3 +244,99 @@ def test_attention_runs_in_fp32_under_cpu_autocast_and_is_a_pass_through_elsewhe
     output, _ = attention(backend, module, q, k, v, mask.float(), scaling=8**-0.5)  # no autocast: called as it is
     assert received == [(torch.float32,) * 4 + (False,)]
     torch.testing.assert_close(output, expected)
+
+
+def _bf16_oracle(q, k, v, **sdpa_kwargs):
+    """softmax(QKᵀ/√d_k)V of the bf16-rounded inputs, by torch's own sdpa in fp32; (batch, tgt_len, heads, d_k)."""
+    rounded = [t.bfloat16().float() for t in (q, k, v)]
+    return nn.functional.scaled_dot_product_attention(*rounded, **sdpa_kwargs).transpose(1, 2)
+
+
+@pytest.mark.parametrize("backend_name", ["sdpa", "eager"])
+def test_attention_under_cpu_autocast_runs_the_math_formula_in_bf16(backend_name):
+    """With `math` (the sdpa and eager backends), under bf16 autocast the formula runs in bf16 with the backend not
+    called: the output is bf16 and within bf16 rounding of torch's fp32 sdpa on the same (bf16) inputs, padded keys
+    get no weight, and gradients reach the queries, keys and values. The eager backend's weights come back; sdpa's
+    contract has none."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from vanilla_transformer.model.attention import eager_attention_forward
+
+    torch.manual_seed(0)
+    module = nn.Module().train()
+    module.is_causal = False
+    q, k, v = (torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 8))
+    allowed = torch.ones(2, 1, 5, 7, dtype=torch.bool)
+    allowed[1, ..., 4:] = False  # the second row's last three keys are padding
+    called = []
+    backend = eager_attention_forward if backend_name == "eager" else sdpa_attention_forward
+
+    def spy(*args, **kwargs):
+        called.append(True)
+        return backend(*args, **kwargs)
+
+    leaves = [t.bfloat16().requires_grad_() for t in (q, k, v)]
+    interface = eager_attention_forward if backend_name == "eager" else spy
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output, weights = attention(
+            interface, module, *leaves, allowed, math=eager_attention_forward, scaling=8**-0.5, dropout=0.0
+        )
+    assert not called and output.dtype == torch.bfloat16
+    torch.testing.assert_close(output.float(), _bf16_oracle(q, k, v, attn_mask=allowed), atol=3e-2, rtol=2e-2)
+    if backend_name == "eager":
+        assert weights.shape == (2, 3, 5, 7) and torch.all(weights[1, ..., 4:] == 0)
+    else:
+        assert weights is None
+    output.float().sum().backward()
+    assert all(leaf.grad is not None and torch.isfinite(leaf.grad).all() for leaf in leaves)
+    assert torch.all(leaves[1].grad[1, :, 4:] == 0) and torch.all(leaves[2].grad[1, :, 4:] == 0)  # padding: no grad
+
+
+@pytest.mark.parametrize(("tgt_len", "src_len"), [(6, 6), (2, 6), (1, 6)])
+def test_attention_under_cpu_autocast_builds_sdpas_causal_mask(tgt_len, src_len):
+    """Where transformers' sdpa backend would take `is_causal` (no mask, a causal module, more than one query), the
+    bf16 formula gets the causal mask: query i sees keys up to src_len - tgt_len + i (a cached past of
+    src_len - tgt_len positions), as sdpa's own causal attention over the same queries and keys does; one query
+    sees every key. A module that is not causal attends everywhere."""
+    from vanilla_transformer.model.attention import eager_attention_forward
+
+    torch.manual_seed(1)
+    causal, bidirectional = nn.Module(), nn.Module()
+    causal.is_causal, bidirectional.is_causal = True, False
+    q, k, v = torch.randn(2, 4, tgt_len, 8), torch.randn(2, 4, src_len, 8), torch.randn(2, 4, src_len, 8)
+    sees = torch.ones(tgt_len, src_len, dtype=torch.bool).tril(src_len - tgt_len)
+    for module, mask in ((causal, sees), (bidirectional, None)):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            output, _ = attention(
+                eager_attention_forward, module, q.bfloat16(), k.bfloat16(), v.bfloat16(), None,
+                math=eager_attention_forward, scaling=8**-0.5,
+            )  # fmt: skip
+        expected = _bf16_oracle(q, k, v, attn_mask=mask)
+        torch.testing.assert_close(output.float(), expected, atol=3e-2, rtol=2e-2)
+    if tgt_len == src_len:  # sdpa's own is_causal (top-left aligned) is the same mask when the lengths are equal
+        torch.testing.assert_close(_bf16_oracle(q, k, v, is_causal=True), _bf16_oracle(q, k, v, attn_mask=sees))
+
+
+def test_model_under_cpu_autocast_scores_alike_with_sdpa_and_eager_and_near_fp32():
+    """A whole training forward with padding (encoder), a causal decoder and ignored labels: under bf16 autocast the
+    sdpa and eager configurations compute the same loss (both run the bf16 formula), within bf16 rounding of the
+    fp32 loss, and the gradients agree with fp32's in direction."""
+    model = make_model(seed=3).train()
+    ids, mask = padded_batch(seed=4, batch=3, src_len=9)
+    labels, _ = padded_batch(seed=5, batch=3, src_len=7)
+    labels[labels == 0] = -100
+    config = model.config
+    config.dropout = config.attention_dropout = config.activation_dropout = 0.0  # compare the math, not the masks
+    losses, grads = {}, {}
+    for name, implementation, bf16 in (("fp32", "sdpa", False), ("sdpa", "sdpa", True), ("eager", "eager", True)):
+        model.set_attn_implementation(implementation)
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        losses[name] = loss.item()
+        grads[name] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    assert losses["sdpa"] == losses["eager"]
+    assert abs(losses["sdpa"] - losses["fp32"]) < 2e-2 * abs(losses["fp32"])
+    cosine = nn.functional.cosine_similarity(grads["sdpa"], grads["fp32"], dim=0)
+    assert cosine > 0.99, cosine
