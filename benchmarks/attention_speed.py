@@ -1,6 +1,7 @@
-"""Attention in a `small` bf16 CPU training step: the package's path under CPU autocast (the eager formula in bf16,
-fp32 softmax, for the `sdpa` and `eager` backends) against torch's flash attention fed fp32 (the path before) and
-fed bf16 as it is; interleaved.
+"""Attention under CPU bf16 autocast: the package's path (the eager formula in bf16, fp32 softmax, for the `sdpa` and
+`eager` backends up to `kernels.MATH_ATTENTION_MAX_KEYS` keys) against torch's flash attention fed fp32 (the path
+before) and fed bf16 as it is; interleaved. First one attention's forward and backward by length (4,096 tokens, 4
+heads of 64, the same for both paths whatever the gate), then whole training steps.
 
 One step = forward with labels under bf16 autocast (as the main job trains on CPUs with native bf16), backward,
 AdamW, at the main job's settings (`small` preset, vocabulary 8,000, ReLU dropout 0.3), over five batch shapes of
@@ -14,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 from collections.abc import Callable, Iterator
 
 from benchmarks import common
 
+LENGTHS = (16, 32, 64, 128, 256, 512)  # one attention: (4,096 / length) rows of this many queries and keys
 SHAPES = ((128, 8), (64, 16), (48, 21), (32, 32), (16, 64))  # (rows, tokens): about 1,024 tokens a side
 PACKAGE = "bf16 formula (the package)"
 FP32_FLASH = "flash attention fed fp32 (before)"
@@ -61,6 +64,38 @@ def batches() -> list[tuple[object, object, object]]:
     return out
 
 
+def attention_systems(length: int) -> dict[str, Callable[[], object]]:
+    """One self-attention's forward and backward on bf16 (rows, 4, length, 64) queries, keys and values with a third
+    of the rows' last quarter padded: the bf16 formula against flash attention fed fp32, at any length."""
+    import torch
+    from torch import nn
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from vanilla_transformer.model.attention import eager_attention_forward
+
+    gen = torch.Generator().manual_seed(common.SEED)
+    rows = max(1, 4096 // length)
+    inputs = [torch.randn(rows, 4, length, 64, generator=gen).bfloat16() for _ in range(3)]
+    mask = torch.ones(rows, 1, 1, length, dtype=torch.bool)
+    mask[: rows // 3, ..., length - length // 4 :] = False
+    module = nn.Module().train()
+    module.is_causal = False
+
+    def run(formula: bool) -> Callable[[], object]:
+        def once() -> None:
+            q, k, v = (t.detach().requires_grad_() for t in inputs)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                if formula:  # the formula at every length, whatever the gate
+                    output, _ = eager_attention_forward(module, q, k, v, mask, scaling=0.125)
+                else:
+                    output, _ = sdpa_attention_forward(module, q.float(), k.float(), v.float(), mask, scaling=0.125)
+            output.float().sum().backward()
+
+        return once
+
+    return {PACKAGE: run(True), FP32_FLASH: run(False)}
+
+
 def step_system(name: str) -> Callable[[], object]:
     import torch
 
@@ -94,14 +129,23 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     common.pin_threads(args.threads)
 
+    results = {}
+    print(f"one attention, forward and backward, 4,096 tokens, 4 heads of 64, median of {args.rounds}:")
+    for length in LENGTHS:
+        times = common.run_interleaved(attention_systems(length), rounds=args.rounds, warmup=2)
+        line = []
+        for name, t in times.items():
+            results[f"attention {length}: {name}"] = common.summarize(t)
+            line.append(f"{name} {1000 * statistics.median(t):7.2f} ms")
+        print(f"  {length:>4} keys: " + ", ".join(line))
+
     print(f"small training step, bf16 autocast, {len(SHAPES)} shapes of ~1,024 tokens, median of {args.rounds}:")
     systems = {name: step_system(name) for name in (PACKAGE, FP32_FLASH, BF16_FLASH)}
     times = common.run_interleaved(systems, rounds=args.rounds, warmup=2)
-    results = {}
-    for name, t in times.items():
-        results[name] = common.summarize([seconds / len(SHAPES) for seconds in t])  # per step
-    base = results[FP32_FLASH]["median"]
-    for name, stats in results.items():
+    steps = {name: common.summarize([seconds / len(SHAPES) for seconds in t]) for name, t in times.items()}
+    results.update({f"step: {name}": stats for name, stats in steps.items()})
+    base = steps[FP32_FLASH]["median"]
+    for name, stats in steps.items():
         change = 100 * (stats["median"] / base - 1)
         print(f"  {name:<36} {1000 * stats['median']:7.1f} ms a step ({change:+5.1f} %, cv {stats['cv']:.2f})")
     noise = common.noise_line(results)

@@ -340,3 +340,29 @@ def test_model_under_cpu_autocast_scores_alike_with_sdpa_and_eager_and_near_fp32
     assert abs(losses["sdpa"] - losses["fp32"]) < 2e-2 * abs(losses["fp32"])
     cosine = nn.functional.cosine_similarity(grads["sdpa"], grads["fp32"], dim=0)
     assert cosine > 0.99, cosine
+
+
+def test_attention_under_cpu_autocast_leaves_long_keys_to_the_backend_in_fp32():
+    """Beyond `MATH_ATTENTION_MAX_KEYS` keys the bf16 formula is not used (the fp32 kernel is as fast there and never
+    holds the weights): the backend gets fp32 inputs with autocast off, as for a backend without a formula."""
+    from vanilla_transformer.model.attention import eager_attention_forward
+    from vanilla_transformer.model.kernels import MATH_ATTENTION_MAX_KEYS
+
+    module = nn.Module()
+    module.is_causal = False
+    received = []
+
+    def backend(module, query, key, value, attention_mask, **kwargs):
+        received.append((query.dtype, key.shape[2], torch.is_autocast_enabled("cpu")))
+        return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    for keys in (MATH_ATTENTION_MAX_KEYS, MATH_ATTENTION_MAX_KEYS + 1):
+        q, k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, keys, 8), torch.randn(1, 2, keys, 8)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            output, _ = attention(
+                backend, module, q.bfloat16(), k.bfloat16(), v.bfloat16(), None,
+                math=eager_attention_forward, scaling=8**-0.5,
+            )  # fmt: skip
+        assert output.dtype == torch.bfloat16
+        torch.testing.assert_close(output.float(), _bf16_oracle(q, k, v), atol=3e-2, rtol=2e-2)
+    assert received == [(torch.float32, MATH_ATTENTION_MAX_KEYS + 1, False)]

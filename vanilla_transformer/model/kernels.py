@@ -40,6 +40,7 @@ from .loss import IGNORE_INDEX, token_cross_entropy
 _PACKED: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, torch.Tensor]]" = weakref.WeakKeyDictionary()
 _SAMPLE_SIZE = 64  # elements of the weight compared when a block opens
 _ONE_BITS = {torch.bfloat16: 0x3F80, torch.float16: 0x3C00}  # the int16 bit pattern of 1.0 in each 16-bit float
+MATH_ATTENTION_MAX_KEYS = 64  # longest key sequence that runs as the bf16 formula under CPU autocast (`attention`)
 
 
 def _onednn_available() -> bool:
@@ -135,12 +136,14 @@ def attention(interface: Callable, module: nn.Module, query: torch.Tensor, key: 
     multiply about twice as fast as in fp32, but torch's CPU flash-attention backward is far slower in bf16 than in
     fp32: in a `small` training step of 64x15 tokens on 2 cores it took 70 ms of 290 against 10 in fp32. So there:
 
-    - when `math` is given (the caller's eager formula, softmax(QKᵀ/√d_k)V, for the `sdpa` and `eager` backends), it
-      runs in the autocast dtype: QKᵀ and the product with V in bf16, the softmax in fp32 (as transformers' eager
-      attention runs under GPU autocast). At the short lengths of translation batches the flash kernel's blocking is
-      all overhead: a `small` bf16 training step over five batch shapes of 1,024 tokens took 5-7 % less time than
-      with fp32 flash attention (docs/TRAINING.md, "Attention in bf16"). Where the `sdpa` backend would have taken
-      `is_causal` (no mask, more than one query), the causal mask is built here;
+    - when `math` is given (the caller's eager formula, softmax(QKᵀ/√d_k)V, for the `sdpa` and `eager` backends) and
+      there are at most `MATH_ATTENTION_MAX_KEYS` keys, it runs in the autocast dtype: QKᵀ and the product with V in
+      bf16, the softmax in fp32 (as transformers' eager attention runs under GPU autocast). At the short lengths of
+      translation batches the flash kernel's blocking is all overhead: a `small` bf16 training step over five batch
+      shapes of 1,024 tokens took 5-7 % less time than with fp32 flash attention; beyond about 64 keys the fp32
+      kernel is as fast or faster, and it never holds the (batch, heads, queries, keys) weights (docs/TRAINING.md,
+      "Attention in bf16"). Where the `sdpa` backend would have taken `is_causal` (no mask, more than one query),
+      the causal mask is built here;
     - otherwise the backend gets fp32 queries, keys and values (and mask) with autocast off, and its output is cast
       back to the queries' dtype.
 
@@ -148,7 +151,7 @@ def attention(interface: Callable, module: nn.Module, query: torch.Tensor, key: 
     """
     if query.device.type != "cpu" or not torch.is_autocast_enabled("cpu") or is_tracing():
         return interface(module, query, key, value, attention_mask, **kwargs)
-    if math is not None:
+    if math is not None and key.shape[2] <= MATH_ATTENTION_MAX_KEYS:
         tgt_len, src_len = query.shape[2], key.shape[2]
         if attention_mask is None and tgt_len > 1 and getattr(module, "is_causal", True):
             # (tgt_len, src_len) True = attend; query i sees keys up to src_len - tgt_len + i, as sdpa's is_causal
