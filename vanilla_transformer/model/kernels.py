@@ -40,7 +40,7 @@ from .loss import IGNORE_INDEX, token_cross_entropy
 _PACKED: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, torch.Tensor]]" = weakref.WeakKeyDictionary()
 _SAMPLE_SIZE = 64  # elements of the weight compared when a block opens
 _ONE_BITS = {torch.bfloat16: 0x3F80, torch.float16: 0x3C00}  # the int16 bit pattern of 1.0 in each 16-bit float
-MATH_ATTENTION_MAX_KEYS = 64  # longest key sequence that runs as the bf16 formula under CPU autocast (`attention`)
+MATH_ATTENTION_MAX_KEYS = 128  # longest key sequence that runs as the bf16 formula under CPU autocast (`attention`)
 
 
 def _onednn_available() -> bool:
@@ -139,11 +139,11 @@ def attention(interface: Callable, module: nn.Module, query: torch.Tensor, key: 
     - when `math` is given (the caller's eager formula, softmax(QKᵀ/√d_k)V, for the `sdpa` and `eager` backends) and
       there are at most `MATH_ATTENTION_MAX_KEYS` keys, it runs in the autocast dtype: QKᵀ and the product with V in
       bf16, the softmax in fp32 (as transformers' eager attention runs under GPU autocast). At the short lengths of
-      translation batches the flash kernel's blocking is all overhead: a `small` bf16 training step over five batch
-      shapes of 1,024 tokens took 5-7 % less time than with fp32 flash attention; beyond about 64 keys the fp32
-      kernel is as fast or faster, and it never holds the (batch, heads, queries, keys) weights (docs/TRAINING.md,
-      "Attention in bf16"). Where the `sdpa` backend would have taken `is_causal` (no mask, more than one query),
-      the causal mask is built here;
+      translation batches the flash kernel's blocking is all overhead: one attention's forward and backward over
+      4,096 tokens took 8-32 ms against 39-80 ms at 16 to 128 keys (two runs); at 256 keys the fp32 kernel is
+      faster, and it never holds the (batch, heads, queries, keys) weights; a `small` bf16 training step over five
+      batch shapes of 1,024 tokens took 2.5-7 % less time (docs/TRAINING.md, "Attention in bf16"). Where the `sdpa`
+      backend would have taken `is_causal` (no mask, more than one query), the causal mask is built here;
     - otherwise the backend gets fp32 queries, keys and values (and mask) with autocast off, and its output is cast
       back to the queries' dtype.
 
