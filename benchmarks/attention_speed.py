@@ -13,7 +13,6 @@ main job's token batches come; the time is the mean over the five shapes.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 from collections.abc import Callable, Iterator
@@ -123,11 +122,7 @@ def step_system(name: str) -> Callable[[], object]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=common.THREADS)
-    args = parser.parse_args(argv)
-    common.pin_threads(args.threads)
+    args = common.step_arguments(__doc__.splitlines()[0], 10, argv)
 
     results = {}
     print(f"one attention, forward and backward, 4,096 tokens, 4 heads of 64, median of {args.rounds}:")
@@ -148,12 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name, stats in steps.items():
         change = 100 * (stats["median"] / base - 1)
         print(f"  {name:<36} {1000 * stats['median']:7.1f} ms a step ({change:+5.1f} %, cv {stats['cv']:.2f})")
-    noise = common.noise_line(results)
-    print(noise)
-    return common.save_results(
-        "attention_speed", "attention_speed", argv, machine=common.machine_info(args.threads), settings=vars(args),
-        results=results, noise=noise,
-    )  # fmt: skip
+    return common.save_step_results("attention_speed", argv, args, results)
 
 
 if __name__ == "__main__":

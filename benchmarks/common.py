@@ -113,6 +113,16 @@ def generation_arguments(description: str, rounds: int, name: str) -> argparse.A
     return parser
 
 
+def step_arguments(description: str, rounds: int, argv: list[str] | None) -> argparse.Namespace:
+    """`--rounds` and `--threads` (the training-step benchmarks's command line), parsed, with the threads pinned."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--threads", type=int, default=THREADS)
+    args = parser.parse_args(argv)
+    pin_threads(args.threads)
+    return args
+
+
 def pin_threads(threads: int = THREADS) -> None:
     """One thread count for every library (torch here; onnxruntime and CTranslate2 take it per session)."""
     import torch
@@ -450,6 +460,17 @@ def save_results(name: str, benchmark: str, argv: list[str] | None, **fields) ->
     path = write_json(name, payload)
     print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return payload
+
+
+def save_step_results(benchmark: str, argv: list[str] | None, args, results: dict[str, dict[str, float]]) -> dict:
+    """Print the noise line and write `results/<benchmark>.json` with the machine, the settings and every summary
+    (the end of the training-step benchmarks)."""
+    noise = noise_line(results)
+    print(noise)
+    return save_results(
+        benchmark, benchmark, argv, machine=machine_info(args.threads), settings=vars(args), results=results,
+        noise=noise,
+    )  # fmt: skip
 
 
 def noise_line(stats: dict[str, dict[str, float]]) -> str:

@@ -15,7 +15,6 @@ AdamW, on a fixed batch of 48 x 21 source and target tokens (about the main job'
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 from collections.abc import Callable, Iterator
 
@@ -145,11 +144,7 @@ def step_system(attention_dropout: float, activation_dropout: float, name: str) 
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=common.THREADS)
-    args = parser.parse_args(argv)
-    common.pin_threads(args.threads)
+    args = common.step_arguments(__doc__.splitlines()[0], 30, argv)
 
     results = {}
     print(f"keep-mask draw of {MASK_ELEMENTS:,} elements, p = 0.1, median of {args.rounds} rounds:")
@@ -180,12 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name, t in times.items():
         results[name] = common.summarize(t)
         print(f"  {name:<62} {1000 * results[name]['median']:7.1f} ms (cv {results[name]['cv']:.2f})")
-    noise = common.noise_line(results)
-    print(noise)
-    return common.save_results(
-        "dropout_speed", "dropout_speed", argv, machine=common.machine_info(args.threads), settings=vars(args),
-        results=results, noise=noise,
-    )  # fmt: skip
+    return common.save_step_results("dropout_speed", argv, args, results)
 
 
 if __name__ == "__main__":
