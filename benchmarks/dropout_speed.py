@@ -5,7 +5,8 @@ package's against the bool masks), then training steps with each dropout turned 
 (residual only, the default; + attention weights; + the FFN's ReLU; both), with the package's masks and fused
 ReLU-dropout, with the bool masks and a separate ReLU (before), and with `rand_like` masks, and the default step with
 its loss fed fp32 logits (the whole (tokens, vocab) tensor cast first, as before the loss widened bf16 logits chunk by
-chunk); interleaved.
+chunk) and with the loss's backward as before (widen, subtract, exp, scale and narrow in separate passes, where it now
+runs one fused softmax and one addcmul per chunk); the loss alone too, against torch's `cross_entropy`; interleaved.
 
 One step = forward with labels under bf16 autocast (as the main job trains on CPUs with native bf16), backward,
 AdamW, on a fixed batch of 48 x 21 source and target tokens (about the main job's 1,024-token batches).
@@ -24,6 +25,8 @@ MASK_ELEMENTS = 1 << 20
 BATCH, LENGTH = 48, 21
 PACKAGE, BOOL_MASKS, RAND_LIKE = "package", "bool masks, separate ReLU", "rand_like masks"
 FP32_LOGITS = "package, loss fed fp32 logits"
+LOSS_BEFORE = "package, loss backward as before"
+LOSS_ROWS, LOSS_VOCAB = BATCH * LENGTH, 8000
 
 
 def _bool_keep_mask(x, p: float):
@@ -55,25 +58,60 @@ def _rand_like_dropout(x, p: float, training: bool):
     return torch.mul(x, torch.rand_like(x) >= p).mul_(1.0 / (1.0 - p))
 
 
+def _loss_backward_before(ctx, grad_loss):
+    """`loss.SmoothedCrossEntropy.backward` as it was: each chunk widened, then softmax, smoothing and scale written
+    by separate in-place passes, and narrowed back into the gradient."""
+    import torch
+
+    from vanilla_transformer.model.loss import _rows_per_chunk
+
+    logits, lse, target, valid = ctx.saved_tensors
+    smoothing, vocab_size = ctx.smoothing, logits.shape[1]
+    scale = torch.where(valid, grad_loss.to(lse.dtype), 0.0)[:, None]  # (N, 1)
+    grad = torch.empty_like(logits)
+    in_place = logits.dtype == lse.dtype
+    step = _rows_per_chunk(vocab_size)
+    for start in range(0, logits.shape[0], step):
+        rows = slice(start, start + step)
+        chunk = logits[rows]
+        if in_place:
+            probs = torch.sub(chunk, lse[rows, None], out=grad[rows]).exp_()
+        else:
+            probs = torch.sub(chunk.to(lse.dtype), lse[rows, None]).exp_()
+        if smoothing:
+            probs.sub_(smoothing / vocab_size)
+        probs.mul_(scale[rows])
+        probs.scatter_add_(1, target[rows, None], -(1.0 - smoothing) * scale[rows])
+        if not in_place:
+            grad[rows].copy_(probs)
+    return grad, None, None
+
+
 @contextlib.contextmanager
 def variant(name: str) -> Iterator[None]:
     """Run the step as the package does, with the bool masks and a separate ReLU or `rand_like` masks in the layers
-    (attention dropout runs inside the attention backend either way), or with the loss fed fp32 logits."""
+    (attention dropout runs inside the attention backend either way), or with the loss fed fp32 logits or its backward
+    as before."""
     import torch
 
     from vanilla_transformer.model import kernels, layers
     from vanilla_transformer.model import modeling_vanilla_transformer as modeling
+    from vanilla_transformer.model.loss import SmoothedCrossEntropy
 
     saved = layers.dropout, layers.relu_dropout, modeling.cross_entropy
+    saved_backward = SmoothedCrossEntropy.backward
     if name in (RAND_LIKE, BOOL_MASKS):
         layers.dropout = _rand_like_dropout if name == RAND_LIKE else _bool_dropout
         layers.relu_dropout = lambda x, p, training: layers.dropout(torch.relu(x), p, training)
     elif name == FP32_LOGITS:
         modeling.cross_entropy = lambda logits, labels, eps: kernels.cross_entropy(logits.float(), labels, eps)
+    elif name == LOSS_BEFORE:
+        SmoothedCrossEntropy.backward = staticmethod(_loss_backward_before)
     try:
         yield
     finally:
         layers.dropout, layers.relu_dropout, modeling.cross_entropy = saved
+        SmoothedCrossEntropy.backward = saved_backward
 
 
 def mask_systems() -> dict[str, Callable[[], object]]:
@@ -113,6 +151,37 @@ def layer_systems() -> dict[str, Callable[[], object]]:
         "ReLU + dropout 0.1, package (fused)": run(lambda t: relu_dropout(t, 0.1, True), ffn),
         "ReLU + dropout 0.1, bool mask, separate ReLU": run(lambda t: _bool_dropout(torch.relu(t), 0.1, True), ffn),
         "ReLU alone": run(torch.relu, ffn),
+    }
+
+
+def loss_systems() -> dict[str, Callable[[], object]]:
+    """Forward and backward of the label-smoothed (0.1) loss on a `small` step's bf16 logits, (1,008, 8,000)."""
+    import torch
+
+    from vanilla_transformer.model.kernels import cross_entropy
+
+    gen = torch.Generator().manual_seed(common.SEED)
+    logits = (3 * torch.randn(LOSS_ROWS, LOSS_VOCAB, generator=gen)).bfloat16()
+    labels = torch.randint(0, LOSS_VOCAB, (LOSS_ROWS,), generator=gen)
+    upstream = torch.rand(LOSS_ROWS, generator=gen)
+
+    def run(name):
+        def once():
+            leaf = logits.detach().requires_grad_()
+            with variant(name):
+                cross_entropy(leaf, labels, 0.1).backward(upstream)
+
+        return once
+
+    def torch_fp32():
+        leaf = logits.detach().requires_grad_()
+        loss = torch.nn.functional.cross_entropy(leaf.float(), labels, reduction="none", label_smoothing=0.1)
+        loss.backward(upstream)
+
+    return {
+        "package": run(PACKAGE),
+        "package, backward as before": run(LOSS_BEFORE),
+        "torch cross_entropy (fp32 copy)": torch_fp32,
     }
 
 
@@ -159,6 +228,12 @@ def main(argv: list[str] | None = None) -> dict:
         results[name] = common.summarize(t)
         print(f"  {name:<46} {1000 * results[name]['median']:7.3f} ms")
 
+    print(f"label-smoothed loss, forward and backward, bf16 logits ({LOSS_ROWS:,}, {LOSS_VOCAB:,}), median:")
+    times = common.run_interleaved(loss_systems(), rounds=args.rounds, warmup=3)
+    for name, t in times.items():
+        results[f"loss: {name}"] = common.summarize(t)
+        print(f"  {name:<46} {1000 * results[f'loss: {name}']['median']:7.2f} ms")
+
     print(f"small-preset training step, bf16 autocast, {BATCH}x{LENGTH} tokens, median of {args.rounds} rounds:")
     settings = {
         "residual dropout only (default)": (0.0, 0.0),
@@ -169,7 +244,7 @@ def main(argv: list[str] | None = None) -> dict:
     cases = [(label, PACKAGE) for label in settings]
     cases += [("residual dropout only (default)", BOOL_MASKS), ("+ ReLU 0.1", BOOL_MASKS)]
     cases += [("residual dropout only (default)", RAND_LIKE), ("+ ReLU 0.1", RAND_LIKE)]
-    cases += [("residual dropout only (default)", FP32_LOGITS)]
+    cases += [("residual dropout only (default)", FP32_LOGITS), ("residual dropout only (default)", LOSS_BEFORE)]
     systems = {f"{label}, {name}": step_system(*settings[label], name) for label, name in cases}
     times = common.run_interleaved(systems, rounds=args.rounds, warmup=3)
     for name, t in times.items():

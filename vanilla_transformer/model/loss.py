@@ -65,21 +65,14 @@ class SmoothedCrossEntropy(torch.autograd.Function):
         smoothing, vocab_size = ctx.smoothing, logits.shape[1]
         scale = torch.where(valid, grad_loss.to(lse.dtype), 0.0)[:, None]  # (N, 1)
         grad = torch.empty_like(logits)
-        in_place = logits.dtype == lse.dtype  # else each chunk is computed in fp32 and written back in 16 bits
         step = _rows_per_chunk(vocab_size)
         for start in range(0, logits.shape[0], step):
             rows = slice(start, start + step)
-            chunk = logits[rows]
-            if in_place:
-                probs = torch.sub(chunk, lse[rows, None], out=grad[rows]).exp_()  # softmax, written in place
-            else:
-                probs = torch.sub(chunk.to(lse.dtype), lse[rows, None]).exp_()
-            if smoothing:
-                probs.sub_(smoothing / vocab_size)
-            probs.mul_(scale[rows])
-            probs.scatter_add_(1, target[rows, None], -(1.0 - smoothing) * scale[rows])
-            if not in_place:
-                grad[rows].copy_(probs)
+            # One fused kernel reads the chunk (16-bit or not) and writes its softmax in compute_dtype; the gradient,
+            # scale · (softmax − (1 − ε) · onehot − ε / V), is written in the logits' dtype by one addcmul.
+            probs = torch.softmax(logits[rows], dim=1, dtype=lse.dtype)
+            probs.scatter_add_(1, target[rows, None], torch.full_like(scale[rows], -(1.0 - smoothing)))
+            torch.addcmul(scale[rows] * (-smoothing / vocab_size), probs, scale[rows], out=grad[rows])
         return grad, None, None
 
 
