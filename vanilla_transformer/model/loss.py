@@ -64,6 +64,7 @@ class SmoothedCrossEntropy(torch.autograd.Function):
         logits, lse, target, valid = ctx.saved_tensors
         smoothing, vocab_size = ctx.smoothing, logits.shape[1]
         scale = torch.where(valid, grad_loss.to(lse.dtype), 0.0)[:, None]  # (N, 1)
+        target_weight = torch.full_like(scale, -(1.0 - smoothing))  # (N, 1): the one-hot term before scaling
         grad = torch.empty_like(logits)
         step = _rows_per_chunk(vocab_size)
         for start in range(0, logits.shape[0], step):
@@ -71,7 +72,7 @@ class SmoothedCrossEntropy(torch.autograd.Function):
             # One fused kernel reads the chunk (16-bit or not) and writes its softmax in compute_dtype; the gradient,
             # scale · (softmax − (1 − ε) · onehot − ε / V), is written in the logits' dtype by one addcmul.
             probs = torch.softmax(logits[rows], dim=1, dtype=lse.dtype)
-            probs.scatter_add_(1, target[rows, None], torch.full_like(scale[rows], -(1.0 - smoothing)))
+            probs.scatter_add_(1, target[rows, None], target_weight[rows])
             torch.addcmul(scale[rows] * (-smoothing / vocab_size), probs, scale[rows], out=grad[rows])
         return grad, None, None
 
