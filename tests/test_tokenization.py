@@ -70,3 +70,21 @@ def test_check_special_token_ids_against_config(toy_tokenizer_dir):
         check_special_token_ids(tokenizer, SimpleNamespace(**{**vars(good), "pad_token_id": 5}))
     with pytest.raises(ValueError, match="vocab_size is 10"):
         check_special_token_ids(tokenizer, SimpleNamespace(**{**vars(good), "vocab_size": 10}))
+
+
+def test_prefix_space_gives_first_words_the_tokens_of_inner_words(toy_pairs):
+    texts = [text for pair in toy_pairs for text in pair]
+    plain = train_bpe_tokenizer(texts, vocab_size=600)
+    prefixed = train_bpe_tokenizer(texts, vocab_size=600, add_prefix_space=True)
+    word = texts[0].split()[0]
+
+    def ids(tokenizer, text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    # "open open": the first word is tokenised like the second only with the prefix space
+    assert ids(prefixed, f"{word} {word}") == ids(prefixed, word) * 2
+    assert ids(plain, f"{word} {word}") != ids(plain, word) * 2
+    # decoding drops the space the encoder added, and only that one
+    clean = [text for text in texts + TRICKY if not text[:1].isspace()]
+    assert prefixed.batch_decode(prefixed(clean)["input_ids"], skip_special_tokens=True) == clean
+    assert prefixed.decode(prefixed("  two spaces")["input_ids"], skip_special_tokens=True) == " two spaces"

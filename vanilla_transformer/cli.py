@@ -92,6 +92,12 @@ def train_tokenizer_command(argv: list[str] | None = None) -> Path:
         "--gettext_keep_identical", action="store_true", help="Also train on identical pairs (see vt-train --help)."
     )
     parser.add_argument("--model_max_length", type=int, default=1024)
+    parser.add_argument(
+        "--add_prefix_space",
+        action="store_true",
+        help="Encode each text as if it began with a space, so first words share the tokens of words inside a "
+        "sentence (docs/TRAINING.md, 'Tokenizer').",
+    )
     args = parser.parse_args(argv)
 
     from .training.data import DataArguments, load_parallel_data
@@ -112,7 +118,7 @@ def train_tokenizer_command(argv: list[str] | None = None) -> Path:
 
     tokenizer = train_bpe_tokenizer(
         texts(), vocab_size=args.vocab_size, min_frequency=args.min_frequency,
-        model_max_length=args.model_max_length, show_progress=True,
+        model_max_length=args.model_max_length, show_progress=True, add_prefix_space=args.add_prefix_space,
     )  # fmt: skip
     tokenizer.save_pretrained(args.output_dir)
     print(f"Saved a {len(tokenizer)}-token tokenizer ({len(train)} training pairs) to {args.output_dir}")

@@ -29,6 +29,7 @@ def train_bpe_tokenizer(
     min_frequency: int = 2,
     model_max_length: int = 1024,
     show_progress: bool = False,
+    add_prefix_space: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Train one byte-level BPE vocabulary on source and target sentences together (paper §5.1).
 
@@ -38,6 +39,10 @@ def train_bpe_tokenizer(
         min_frequency: a merge needs at least this many occurrences.
         model_max_length: recorded in the tokenizer config (the model's `max_position_embeddings`).
         show_progress: show the `tokenizers` progress bar.
+        add_prefix_space: encode every text as if it began with a space, so a sentence's first word takes the same
+            tokens as inside a sentence ("Image" and "an image" share "ĠImage"/"Ġimage"-style tokens); decoding
+            removes that one space again. Texts that begin with whitespace then lose one leading space in a round
+            trip; everything else decodes exactly.
 
     Returns:
         A `PreTrainedTokenizerFast` whose `__call__(src, text_target=tgt)` gives `input_ids` and `labels`, each ending
@@ -49,9 +54,12 @@ def train_bpe_tokenizer(
             "entries (4 special tokens and 256 bytes). Pass a larger --vocab_size."
         )
     backend = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
-    # No prefix space and no normaliser: decode(encode(x)) == x exactly.
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # No normaliser: decode(encode(x)) == x exactly (with a prefix space: for every x not starting with whitespace).
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
     backend.decoder = decoders.ByteLevel()
+    if add_prefix_space:
+        # The ByteLevel decoder joins the tokens into one string; Strip then drops the space the encoder added.
+        backend.decoder = decoders.Sequence([decoders.ByteLevel(), decoders.Strip(" ", 1, 0)])
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
