@@ -48,6 +48,11 @@ class MainJobArguments:
     time_budget_minutes: float = _arg(20.0, "Wall-clock budget of the whole job, evaluation included.")
     reserve_minutes: float | None = _arg(None, "Kept back for the final test (default: max of 1 min, 5 percent).")
     vocab_size: int = _arg(8000, "Joint BPE vocabulary size (the paper: ~37k on WMT; this corpus is small).")
+    add_prefix_space: bool = _arg(
+        True,
+        "Tokenize each text as if it began with a space, so first words share the tokens of inner words: out of "
+        "domain 18.1 BLEU against 17.4 without, in-domain 44.7 against 43.8, at 2,900 steps (TRAINING.md).",
+    )
     preset: str = _arg("small", "Model preset: small (d_model 256, 3+3 layers, 7.6M parameters) or tiny (d_model 64).")
     dropout: float = _arg(0.1, "P_drop (§5.4), the paper's 0.1; 0.2 measured no better out of domain (TRAINING.md).")
     attention_dropout: float = _arg(
@@ -164,7 +169,10 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
     now = lap("harvest", now)
 
     texts = (text for pair in zip(corpus["train"]["source"], corpus["train"]["target"], strict=True) for text in pair)
-    tokenizer = train_bpe_tokenizer(texts, vocab_size=args.vocab_size, model_max_length=1024, show_progress=True)
+    tokenizer = train_bpe_tokenizer(
+        texts, vocab_size=args.vocab_size, model_max_length=1024, show_progress=True,
+        add_prefix_space=args.add_prefix_space,
+    )  # fmt: skip
     tokenizer.save_pretrained(output / "tokenizer")
     now = lap("tokenizer", now)
 
