@@ -40,7 +40,7 @@ def train_bpe_tokenizer(
         model_max_length: recorded in the tokenizer config (the model's `max_position_embeddings`).
         show_progress: show the `tokenizers` progress bar.
         add_prefix_space: encode every text as if it began with a space, so a sentence's first word takes the same
-            tokens as inside a sentence ("Image" and "an image" share "ĠImage"/"Ġimage"-style tokens); decoding
+            tokens as inside a sentence ("Image saved" and "Open Image" share the tokens of "ĠImage"); decoding
             removes that one space again. Texts that begin with whitespace then lose one leading space in a round
             trip; everything else decodes exactly.
 
@@ -56,10 +56,9 @@ def train_bpe_tokenizer(
     backend = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
     # No normaliser: decode(encode(x)) == x exactly (with a prefix space: for every x not starting with whitespace).
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
-    backend.decoder = decoders.ByteLevel()
-    if add_prefix_space:
-        # The ByteLevel decoder joins the tokens into one string; Strip then drops the space the encoder added.
-        backend.decoder = decoders.Sequence([decoders.ByteLevel(), decoders.Strip(" ", 1, 0)])
+    # With a prefix space, the ByteLevel decoder's one joined string loses the space the encoder added (Strip).
+    byte_level = decoders.ByteLevel()
+    backend.decoder = decoders.Sequence([byte_level, decoders.Strip(" ", 1, 0)]) if add_prefix_space else byte_level
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
