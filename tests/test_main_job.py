@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForSeq2SeqLM
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from tests.training_fixtures import TINY_OVERRIDES, TINY_OVERRIDES_ARG, make_pairs, write_mo
 from vanilla_transformer.training.experiment import parse_config_overrides
@@ -32,6 +32,7 @@ SIZES = ",".join(f"{name}={value}" for name, value in TINY_OVERRIDES.items() if 
             "dropout": 0.05,
             "attention_dropout": 0.1,
             "activation_dropout": 0.02,
+            "add_prefix_space": False,
         },
     ],
     ids=["defaults", "overridden"],
@@ -82,6 +83,12 @@ def test_main_job_on_a_tiny_catalog(tmp_path, options):
         assert model.config.dropout == summary["dropout"] == 0.05
         assert model.config.attention_dropout == info["attention dropout"] == 0.1
         assert model.config.activation_dropout == info["activation dropout"] == 0.02
+    # The tokenizer encodes each text as if it began with a space by default (TRAINING.md, "Prefix space"): the first
+    # word then takes the tokens it has inside a sentence; --add_prefix_space false trains the plain byte-level one.
+    tokenizer = AutoTokenizer.from_pretrained(job / "tokenizer")
+    first, inner = tokenizer("house")["input_ids"][:-1], tokenizer("the house")["input_ids"][1:-1]
+    assert (first == inner) == options.get("add_prefix_space", True)
+    assert tokenizer.decode(tokenizer("the red house.")["input_ids"], skip_special_tokens=True) == "the red house."
     assert json.loads((job / "summary.json").read_text())["test_bleu"] == summary["test_bleu"]
     assert (job / "data" / "train.tsv").read_text().startswith("en\tde\n")
     assert (job / "model" / "cross_attention.png").is_file() and (job / "model" / "training_curves.png").is_file()
