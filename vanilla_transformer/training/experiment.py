@@ -309,6 +309,7 @@ def training_info(data_args, model_args, training_args, recipe, trainer, train_p
         "adam betas": [training_args.adam_beta1, training_args.adam_beta2],
         "adam epsilon": training_args.adam_epsilon,
         "label smoothing": training_args.label_smoothing_factor,
+        "weight decay": training_args.weight_decay,
         "dropout": getattr(trainer.model.config, "dropout", None),
         "attention dropout": getattr(trainer.model.config, "attention_dropout", None),
         "activation dropout": getattr(trainer.model.config, "activation_dropout", None),

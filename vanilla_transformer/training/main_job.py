@@ -77,6 +77,11 @@ class MainJobArguments:
     )
     warmup_steps: int = _arg(500, "Noam warmup; the paper's 4000 would not finish within a CPU budget.")
     learning_rate: float = _arg(2e-3, "Noam peak; Eq. 3 gives 1e-3 for d_model 256, 2e-3 trains faster (TRAINING.md).")
+    weight_decay: float = _arg(
+        0.1,
+        "Decoupled AdamW weight decay on the weight matrices (not in the paper, which uses none); out of domain it "
+        "measured 18.05 BLEU against 17.28 without, every seed up (TRAINING.md).",
+    )
     lr_cooldown: float = _arg(
         0.2,
         "The learning rate falls linearly to 0 over this last fraction of the steps in the budget; 0: off, "
@@ -193,6 +198,7 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
         save_steps=checkpoint_steps(args.save_steps, args.average_checkpoints),
         save_total_limit=max(args.average_checkpoints, 2),
         logging_steps=25, warmup_steps=args.warmup_steps, learning_rate=args.learning_rate, seed=args.seed,
+        weight_decay=args.weight_decay,
         report_to=["tensorboard"], use_cpu=True, bf16=bf16, per_device_eval_batch_size=64, disable_tqdm=True,
         generation_max_length=args.max_length + 16,  # gettext messages are short; bounds an untrained model's output
         ddp_find_unused_parameters=False,  # every parameter gets a gradient; DDP need not search the graph for others
@@ -246,6 +252,7 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
         "preset": args.preset,
         "precision": "bf16 autocast" if bf16 else "fp32",
         "lr_cooldown": args.lr_cooldown,
+        "weight_decay": args.weight_decay,
         "dropout": model.config.dropout,
         "attention_dropout": model.config.attention_dropout,
         "activation_dropout": model.config.activation_dropout,
@@ -281,7 +288,7 @@ def _train(model_args, data_args, training_kwargs, recipe, deadline, corpus, sho
         show_package_progress()
     training_args = Seq2SeqTrainingArguments(**training_kwargs)
     return run_training(
-        model_args, data_args, training_args, recipe, explicit={"warmup_steps", "learning_rate"},
+        model_args, data_args, training_args, recipe, explicit={"warmup_steps", "learning_rate", "weight_decay"},
         time_budget_s=max(1.0, deadline - time.time()), corpus=corpus,
     )  # fmt: skip
 
