@@ -7,6 +7,8 @@ from .search import GenerationSettings, beam_search, greedy_search
 from .sessions import resolve_provider
 from .translator import OrtTranslator, settings_from_folder
 
+__version__ = "0.1.0"  # the distributions' version (pyproject.toml); tests/test_cli_style.py checks they agree
+
 __all__ = [
     "GenerationSettings",
     "OrtTranslator",

@@ -1,6 +1,8 @@
-"""`python -m vanilla_transformer_ort FOLDER [TEXT ...]`: the `vt-translate-onnx` command (see `cli.py`)."""
+"""`python -m vanilla_transformer_ort --model FOLDER [TEXT ...]`: the `vt-translate-onnx` command (see `cli.py`)."""
+
+import sys
 
 from .cli import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
