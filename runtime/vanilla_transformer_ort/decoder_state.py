@@ -19,6 +19,7 @@ from .contract import (
     past_name,
     reordered_name,
 )
+from .sessions import import_onnxruntime
 
 
 def scores_feed(running_scores: np.ndarray, bias: np.ndarray, batch_size: int, k: int) -> dict[str, np.ndarray]:
@@ -119,7 +120,7 @@ class BoundState(CacheState):
         reorder_session=None,
         scorer=None,
     ):
-        import onnxruntime as ort
+        ort = import_onnxruntime()
 
         super().__init__(session, vocab_size, scorer)
         self.ort, self.device, self.reorder_session = ort, device, reorder_session

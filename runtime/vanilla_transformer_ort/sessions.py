@@ -10,11 +10,26 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 DEFAULT_SESSION_CONFIG = {"session.force_spinning_stop": "1"}
 # onnxruntime graph fusions skipped on the CPU provider (see `create_session`): their fused kernels are slower here.
 CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion", "MatMulScaleFusion")
+INSTALL_HINT = 'pip install "vanilla-transformer-ort[cpu]" (or "vanilla-transformer-ort[gpu]" for CUDA)'
+
+
+def import_onnxruntime():
+    """The `onnxruntime` module; an ImportError that names the extra to install where it is missing.
+
+    The runtime's own dependencies leave onnxruntime to one of two extras (`cpu`: onnxruntime, `gpu`:
+    onnxruntime-gpu), so a plain `pip install vanilla-transformer-ort` has none.
+    """
+    try:
+        import onnxruntime
+    except ImportError as error:
+        raise ImportError(f"vanilla_transformer_ort needs onnxruntime, which is not installed: {INSTALL_HINT}",
+                          name="onnxruntime") from error  # fmt: skip
+    return onnxruntime
 
 
 def resolve_provider(provider: str) -> str:
     """'auto', 'cpu', 'cuda' (or a full EP name) -> the execution provider to ask for."""
-    import onnxruntime as ort
+    ort = import_onnxruntime()
 
     aliases = {**PROVIDERS, **{v.lower(): v for v in PROVIDERS.values()}}
     available = ort.get_available_providers()
@@ -46,7 +61,7 @@ def session_options(
     165-175 ms (fp32). `config_entries` are passed to `SessionOptions.add_session_config_entry` and override these
     defaults, e.g. `{"session.intra_op.allow_spinning": "0"}` on a machine shared with other jobs.
     """
-    import onnxruntime as ort
+    ort = import_onnxruntime()
 
     if intra_op_num_threads < 1:
         raise ValueError(f"intra_op_num_threads must be >= 1, got {intra_op_num_threads}")
@@ -77,7 +92,7 @@ def create_session(
     Together: int8 beam 4 at batch 16 681 to 616 ms, fp32 1376 to 1295 ms; greedy batch 1 unchanged. The unfused
     operators also compute like PyTorch (residual add, then layer norm; scores, then scale).
     """
-    import onnxruntime as ort
+    ort = import_onnxruntime()
 
     if isinstance(disabled_optimizers, str):  # list("SkipLayerNormFusion") would pass onnxruntime's check unnoticed
         raise ValueError(
