@@ -1,0 +1,474 @@
+"""Placeholders a translation must keep, protected instead of hoped for: mask them before the model, restore and
+verify them after, retry what failed and never hand back a broken string (docs/LOCALIZATION.md).
+
+Pure Python, no model: `translate_protected` takes any `translate_batch(list[str]) -> list[str]`, so the ONNX
+runtime, the PyTorch helpers, the HTTP server and the tests (with a fake) all call the same code.
+
+    protected = protect("Cannot open %s: %s", flags=("c-format",))
+    protected.masked                      # 'Cannot open {0}: {1}', what the model sees
+    restore("Kann {0} nicht öffnen: {1}", protected)   # 'Kann %s nicht öffnen: %s'
+    restore("Kann {0} nicht öffnen", protected)        # None: {1} is missing
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+# gettext's format flags (GNU gettext manual, "Special Comments preceding Keywords"); the four with a rule of their
+# own below are the ones desktop catalogs use, the others get the common patterns. `no-<x>-format` turns one off.
+FORMAT_FLAGS = frozenset(
+    f"{name}-format"
+    for name in (
+        "c", "objc", "cplusplus", "python", "python-brace", "java", "java-printf", "csharp", "javascript", "scheme",
+        "lisp", "elisp", "librep", "rust", "go", "ruby", "sh", "awk", "lua", "object-pascal", "smalltalk", "qt",
+        "qt-plural", "kde", "kde-kuit", "boost", "tcl", "perl", "perl-brace", "php", "gcc-internal", "gfc-internal",
+        "ycp",
+    )
+)  # fmt: skip
+OTHER_FLAGS = frozenset({"fuzzy", "range", "wrap", "no-wrap"})
+
+# printf directives (C99 plus glibc's I flag and gettext's <PRId64> macros), with %1$s positional arguments.
+C_FORMAT = (
+    r"%(?:(?P<c_pos>\d+)\$)?[-+ #0'I]*(?:\*(?:\d+\$)?|\d+)?(?:\.(?:\*(?:\d+\$)?|\d+))?"
+    r"(?:(?:hh|h|ll|l|L|q|j|z|Z|t)?[diouxXeEfFgGaAcCsSpnm]|<PRI[a-zA-Z0-9]+>)|%%"
+)
+PYTHON_FORMAT = r"%(?:\((?P<py_name>[^()\s]*)\))?[-+ #0]*(?:\*|\d+)?(?:\.(?:\*|\d+))?[hlL]?[diouxXeEfFgGcrsa]|%%"
+PYTHON_BRACE_FORMAT = r"\{\{|\}\}|\{(?P<brace_field>[A-Za-z_0-9]*(?:[.\[][^{}\s]*)?)(?:![rsa])?(?::[^{}]*)?\}"
+QT_FORMAT = r"%L?(?:[1-9][0-9]?)|%n"
+# Without a flag: printf/%-directives with a conversion letter, {0} and {name} fields, %1 (Qt).
+COMMON_FORMAT = rf"{C_FORMAT}|%\([A-Za-z_][A-Za-z_0-9]*\)[-+ #0]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa]|{QT_FORMAT}"
+COMMON_BRACE = r"\{(?:[0-9]+|[A-Za-z_][A-Za-z_0-9]*)(?::[^{}\s]*)?\}"
+
+MARKUP = (
+    r"</?[A-Za-z][A-Za-z0-9:_-]*(?:\s+[A-Za-z_:][-A-Za-z0-9_:.]*(?:\s*=\s*(?:\"[^\"]*\"|'[^']*'|[^\s>]+))?)*\s*/?>"
+)
+ENTITY = r"&(?:[A-Za-z][A-Za-z0-9]*|#[0-9]+|#x[0-9A-Fa-f]+);"
+URL = r"(?:https?|ftp|file)://[^\s<>\"']*[^\s<>\"'.,;:!?)\]]"
+EMAIL = r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
+ESCAPE = r"\\[\\nrtabfv\"'0-7xu]"  # a literal backslash escape left in the text (polib unescapes the PO syntax)
+BREAK = r"[\n\t\r]+"  # newlines and tabs inside a message: the model was trained on folded text
+
+STYLES = ("brace", "percent", "none")
+TOKEN_PATTERNS = {"brace": r"\{(\d+)\}", "percent": r"%(\d+)"}
+
+
+def token_text(style: str, index: int) -> str:
+    """The mask of the `index`-th placeholder: `{0}` (brace) or `%1` (percent, 1-based like Qt)."""
+    return f"{{{index}}}" if style == "brace" else f"%{index + 1}"
+
+
+@dataclass(frozen=True)
+class Span:
+    """One protected piece of the source: its text, kind, position, and whether its order is an argument order."""
+
+    text: str
+    kind: str
+    start: int
+    end: int
+    is_ordered: bool = False  # a printf/%-directive without a position, or a bare {}: order is meaning
+
+
+@dataclass(frozen=True)
+class Protected:
+    """A message made ready for the model: `masked` holds `spans[i]` as the i-th token of `style`."""
+
+    source: str
+    masked: str
+    spans: tuple[Span, ...]
+    style: str
+    prefix: str = ""  # leading whitespace, put back verbatim (msgfmt checks leading/trailing newlines)
+    suffix: str = ""
+    accelerator: str | None = None  # "_" or "&", removed before translation and put back after
+    accelerator_letter: str = ""
+    flags: tuple[str, ...] = ()
+
+    @property
+    def is_translatable(self) -> bool:
+        """False when nothing but placeholders, digits and punctuation is left: the source is its own translation."""
+        return any(character.isalpha() for character in "".join(self.segments))
+
+    @property
+    def segments(self) -> list[str]:
+        """The text between the placeholders (as many pieces as placeholders plus one)."""
+        if self.style == "none":
+            pieces, last = [], 0
+            for span in self.spans:
+                pieces.append(self.masked[last : span.start])
+                last = span.end
+            return [*pieces, self.masked[last:]]
+        return re.split(TOKEN_PATTERNS[self.style], self.masked)[::2]
+
+
+@dataclass
+class Result:
+    """The outcome for one text: `translation` is None when every attempt lost or duplicated a placeholder."""
+
+    source: str
+    translation: str | None
+    status: str  # "translated", "retried", "copied" (nothing to translate) or "failed"
+    attempts: list[str] = field(default_factory=list)  # the strategies tried, in order
+    reason: str = ""  # why the last attempt failed
+
+
+def unknown_flags(flags: Iterable[str]) -> list[str]:
+    """Flags that look like a format flag gettext does not know: `foo-format`, or a typo such as `c-fromat`.
+    Other flags (fuzzy, range: 0..9, no-wrap, Weblate's max-length:40, ...) are no business of ours."""
+    unknown = []
+    for flag in flags:
+        name = flag.removeprefix("no-")
+        if name in FORMAT_FLAGS or flag in OTHER_FLAGS:
+            continue
+        if name.endswith("-format") or difflib.get_close_matches(name, FORMAT_FLAGS, n=1, cutoff=0.8):
+            unknown.append(flag)
+    return unknown
+
+
+def closest_flag(flag: str) -> str | None:
+    """The known format flag `flag` is probably a typo of."""
+    matches = difflib.get_close_matches(flag.removeprefix("no-"), FORMAT_FLAGS, n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def format_patterns(flags: Sequence[str]) -> list[tuple[str, str]]:
+    """(kind, regex) of the format directives to protect for an entry with these flags."""
+    flags = set(flags)
+    declared = {flag for flag in flags if flag in FORMAT_FLAGS}
+    patterns = []
+    if "c-format" in declared or "objc-format" in declared or "gcc-internal-format" in declared:
+        patterns.append(("c-format", C_FORMAT))
+    if "python-format" in declared:
+        patterns.append(("python-format", PYTHON_FORMAT))
+    if "python-brace-format" in declared:
+        patterns.append(("python-brace-format", PYTHON_BRACE_FORMAT))
+    if "qt-format" in declared or "qt-plural-format" in declared or "kde-format" in declared:
+        patterns.append(("qt-format", QT_FORMAT))
+    if not patterns:  # no rule of our own (or no flag): the common ones, minus what no-<x>-format turns off
+        if "no-c-format" not in flags and "no-python-format" not in flags:
+            patterns.append(("format", COMMON_FORMAT))
+        if "no-python-brace-format" not in flags:
+            patterns.append(("format", COMMON_BRACE))
+    return patterns
+
+
+def find_spans(text: str, flags: Sequence[str] = (), style: str = "brace") -> list[Span]:
+    """Every protected piece of `text`, leftmost first, longest at a position; pieces never overlap."""
+    kinds = [
+        ("url", URL),
+        ("email", EMAIL),
+        *format_patterns(flags),
+        ("markup", MARKUP),
+        ("entity", ENTITY),
+        ("escape", ESCAPE),
+        ("break", BREAK),
+    ]
+    if style in TOKEN_PATTERNS:  # text that looks like our own tokens is protected too, so tokens stay unique
+        kinds.append(("literal", TOKEN_PATTERNS[style]))
+    spans: list[Span] = []
+    taken = [False] * len(text)
+    for kind, pattern in kinds:
+        for match in re.finditer(pattern, text):
+            start, end = match.span()
+            if start == end or any(taken[start:end]):
+                continue
+            spans.append(Span(match.group(), kind, start, end, is_ordered_directive(match.group(), kind)))
+            taken[start:end] = [True] * (end - start)
+    return sorted(spans, key=lambda span: span.start)
+
+
+def is_ordered_directive(text: str, kind: str) -> bool:
+    """True for an argument taken in order: %s, %d (not %1$s, %(name)s, %%), and a bare {} field."""
+    if kind in ("c-format", "python-format", "format") and text.startswith("%") and text != "%%":
+        return not re.match(r"%\d+\$|%\(|%L?\d|%n$", text)
+    return kind in ("python-brace-format",) and text == "{}"
+
+
+def find_accelerator(text: str, spans: Sequence[Span]) -> tuple[str | None, int]:
+    """("_" or "&", index of the marker) when `text` has exactly one menu accelerator outside the spans."""
+    inside = set()
+    for span in spans:
+        inside.update(range(span.start, span.end))
+    candidates = []
+    for match in re.finditer(r"[_&](?=[^\W_])", text):
+        position = match.start()
+        if position in inside or (position > 0 and text[position - 1] in "%{&_"):
+            continue
+        word_start = re.search(r"\w*$", text[:position]).start()
+        # At a word start (_Open, &File), or inside a capitalised word (E_xit, Save _As); not in file_name.
+        if position == word_start or text[word_start].isupper():
+            candidates.append(position)
+    if len(candidates) != 1 or "__" in text:
+        return None, -1
+    return text[candidates[0]], candidates[0]
+
+
+def protect(text: str, flags: Sequence[str] = (), style: str = "brace") -> Protected:
+    """Mask the placeholders of `text` for the model.
+
+    Args:
+        text: the source message (unescaped, as polib gives it).
+        flags: the entry's flags (`c-format`, `python-brace-format`, ...); none: the common directives.
+        style: the mask: "brace" ({0}, {1}, ...), "percent" (%1, %2, ...) or "none" (keep the placeholders as they
+            are and only verify them after translation).
+    Returns:
+        a `Protected`: `masked` goes to the model, `restore(translation, protected)` maps its output back.
+    """
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+    core = text.strip()
+    prefix = text[: len(text) - len(text.lstrip())]
+    suffix = text[len(text.rstrip()) :] if core else ""
+    spans = find_spans(core, flags, style)
+    accelerator, position = find_accelerator(core, spans)
+    letter = ""
+    if accelerator is not None:
+        letter = core[position + 1]
+        core = core[:position] + core[position + 1 :]
+        spans = [
+            Span(s.text, s.kind, s.start - (s.start > position), s.end - (s.start > position), s.is_ordered)
+            for s in spans
+        ]
+    pieces, last = [], 0
+    for index, span in enumerate(spans):
+        pieces.append(core[last : span.start])
+        pieces.append(span.text if style == "none" else token_text(style, index))
+        last = span.end
+    pieces.append(core[last:])
+    masked = "".join(pieces)
+    return Protected(text, masked, tuple(spans), style, prefix, suffix, accelerator, letter, tuple(flags))
+
+
+def restore(translation: str, protected: Protected) -> str | None:
+    """The translation with the placeholders put back, or None when one is missing, duplicated or invented.
+
+    Non-positional printf directives (%s, %d) that the model reordered become positional (%2$d ... %1$s) under
+    c-format, which gettext and glibc accept; elsewhere a reordering is a failure, since the argument order is fixed.
+    """
+    text = translation.strip()
+    spans = protected.spans
+    if protected.style == "none":
+        restored = text
+        order = order_of_verbatim(text, protected)
+        if order is None:
+            return None
+    else:
+        found = [(m.start(), m.end(), int(m.group(1))) for m in re.finditer(TOKEN_PATTERNS[protected.style], text)]
+        offset = 0 if protected.style == "brace" else 1
+        indices = [index - offset for _, _, index in found]
+        if sorted(indices) != list(range(len(spans))):
+            return None  # missing, duplicated or invented
+        order = indices
+        pieces, last = [], 0
+        for (start, end, _), index in zip(found, indices, strict=True):
+            pieces.append(text[last:start])
+            pieces.append(spans[index].text)
+            last = end
+        pieces.append(text[last:])
+        restored = "".join(pieces)
+    ordered = [index for index in order if spans[index].is_ordered]
+    if ordered != sorted(ordered):
+        restored = make_positional(restored, protected, order)
+        if restored is None:
+            return None
+    if protected.accelerator:
+        restored = place_accelerator(restored, protected)
+        if restored is None:
+            return None
+    if not restored.strip() and protected.is_translatable:
+        return None
+    result = protected.prefix + restored + protected.suffix
+    if not same_placeholders(protected.source, result, protected.flags):
+        return None  # the model wrote a directive of its own (e.g. "50 % der" is "% d")
+    return result
+
+
+def order_of_verbatim(text: str, protected: Protected) -> list[int] | None:
+    """Source indices of the spans in the order `text` holds them (style "none"), or None if the multisets differ."""
+    found = find_spans(text, protected.flags, "none")
+    if Counter(span.text for span in found) != Counter(span.text for span in protected.spans):
+        return None
+    seen: Counter = Counter()
+    order = []
+    for span in found:
+        candidates = [i for i, source in enumerate(protected.spans) if source.text == span.text]
+        order.append(candidates[seen[span.text]])
+        seen[span.text] += 1
+    return order
+
+
+def make_positional(restored: str, protected: Protected, order: Sequence[int]) -> str | None:
+    """Rewrite reordered c-format directives as %<n>$<conv> (n = source argument number); None where not allowed."""
+    spans = protected.spans
+    if "c-format" not in protected.flags or any("*" in s.text for s in spans if s.is_ordered):
+        return None
+    if any(s.kind == "c-format" and not s.is_ordered and s.text != "%%" for s in spans):
+        return None  # positional and plain directives cannot be mixed
+    argument = {index: n for n, index in enumerate(i for i, s in enumerate(spans) if s.is_ordered)}
+    sequence = [index for index in order if spans[index].is_ordered]  # the directives in the translation's order
+    matches = [m for m in re.finditer(C_FORMAT, restored) if m.group() != "%%"]
+    if len(matches) != len(sequence):
+        return None
+    out, last = [], 0
+    for match, index in zip(matches, sequence, strict=True):
+        out.append(restored[last : match.start()])
+        out.append(f"%{argument[index] + 1}${match.group()[1:]}")
+        last = match.end()
+    out.append(restored[last:])
+    return "".join(out)
+
+
+def place_accelerator(text: str, protected: Protected) -> str | None:
+    """Put the accelerator marker back: before the same letter if the translation has it (word starts first),
+    else before its first letter; never inside a placeholder."""
+    if find_accelerator(text, find_spans(text, protected.flags, "none"))[0] == protected.accelerator:
+        return text  # the model wrote one itself
+    inside = set()
+    for span in protected.spans:
+        for match in re.finditer(re.escape(span.text), text):
+            inside.update(range(match.start(), match.end()))
+    letters = [i for i, c in enumerate(text) if c.isalpha() and i not in inside]
+    if not letters:
+        return None
+    wanted = protected.accelerator_letter.lower()
+    same = [i for i in letters if text[i].lower() == wanted]
+    word_starts = [i for i in same if i == 0 or not text[i - 1].isalnum()]
+    position = (word_starts or same or letters)[0]
+    return text[:position] + protected.accelerator + text[position:]
+
+
+def placeholders(text: str, flags: Sequence[str] = ()) -> Counter:
+    """The multiset of protected pieces of `text` (format directives, markup, entities, URLs, ...) plus its
+    accelerator marker, the measure of "placeholders exactly preserved"."""
+    spans = find_spans(text, flags, "none")
+    counter = Counter((span.kind if span.kind != "break" else "break", span.text) for span in spans)
+    accelerator, _ = find_accelerator(text.strip(), find_spans(text.strip(), flags, "none"))
+    if accelerator:
+        counter[("accelerator", accelerator)] += 1
+    return counter
+
+
+def same_placeholders(source: str, translation: str, flags: Sequence[str] = ()) -> bool:
+    """True when `translation` holds exactly the placeholders of `source` (positional rewrites %2$d count as %d)."""
+
+    def normal(counter: Counter) -> Counter:
+        return Counter({(kind, re.sub(r"^%\d+\$", "%", text)): n for (kind, text), n in counter.items()})
+
+    return normal(placeholders(source, flags)) == normal(placeholders(translation, flags))
+
+
+STRATEGIES = ("alternate", "verbatim", "segments")
+
+
+def translate_protected(
+    translate_batch: Callable[[list[str]], list[str]],
+    texts: Sequence[str],
+    flags_per_text: Sequence[Sequence[str]] | None = None,
+    retry: Sequence[str] = STRATEGIES,
+    style: str = "brace",
+    batch_size: int | None = None,
+) -> list[Result]:
+    """Translate `texts` with every placeholder kept, or not at all.
+
+    Args:
+        translate_batch: list of source strings -> list of translations, same length and order (e.g.
+            `lambda batch: translator.translate(batch, num_beams=4)`).
+        texts: source messages.
+        flags_per_text: each text's gettext flags (`("c-format",)`); None: no flags, the common placeholders.
+        retry: what to try, in order, on the texts whose placeholders did not survive: "alternate" (the other mask
+            style), "verbatim" (the placeholders unmasked, as the model saw them in training), "segments" (the
+            pieces between placeholders translated alone and joined around them in the source order; always keeps
+            them, at some cost in word order).
+        style: the first attempt's mask ("brace", "percent" or "none").
+        batch_size: texts per `translate_batch` call (None: all at once).
+    Returns:
+        one `Result` per text, in order; `translation` is None where every attempt failed.
+    """
+    flags_per_text = list(flags_per_text) if flags_per_text is not None else [()] * len(texts)
+    if len(flags_per_text) != len(texts):
+        raise ValueError(f"flags_per_text has {len(flags_per_text)} items for {len(texts)} texts")
+    unknown = [s for s in retry if s not in STRATEGIES]
+    if unknown:
+        raise ValueError(f"unknown retry strategies {unknown}; known: {STRATEGIES}")
+    results = [Result(text, None, "failed") for text in texts]
+    pending = []
+    for index, (text, flags) in enumerate(zip(texts, flags_per_text, strict=True)):
+        protected = protect(text, flags, style)
+        if not protected.is_translatable:
+            results[index] = Result(text, text, "copied")
+        else:
+            pending.append(index)
+
+    def attempt(indices: list[int], name: str, prepare: Callable[[int], tuple[list[str], Callable]]) -> list[int]:
+        """Run one strategy on `indices`; return those still failing."""
+        inputs, finishers, owners = [], [], []
+        for index in indices:
+            pieces, finish = prepare(index)
+            owners.append((index, len(inputs), len(pieces)))
+            inputs.extend(pieces)
+            finishers.append(finish)
+        outputs = run_batches(translate_batch, inputs, batch_size)
+        failing = []
+        for (index, start, count), finish in zip(owners, finishers, strict=True):
+            results[index].attempts.append(name)
+            restored = finish(outputs[start : start + count])
+            if restored is None:
+                results[index].reason = f"{name}: a placeholder was lost, duplicated or invented"
+                failing.append(index)
+            else:
+                results[index].translation = restored
+                results[index].status = "translated" if len(results[index].attempts) == 1 else "retried"
+        return failing
+
+    def masked_with(mask_style: str) -> Callable[[int], tuple[list[str], Callable]]:
+        def prepare(index: int):
+            protected = protect(texts[index], flags_per_text[index], mask_style)
+            return [protected.masked], lambda outputs: restore(outputs[0], protected)
+
+        return prepare
+
+    def segments(index: int):
+        protected = protect(texts[index], flags_per_text[index], "brace")
+        pieces = protected.segments
+        wanted = [i for i, piece in enumerate(pieces) if any(c.isalpha() for c in piece)]
+
+        def finish(outputs: list[str]) -> str | None:
+            translated = list(pieces)
+            for i, output in zip(wanted, outputs, strict=True):
+                lead = pieces[i][: len(pieces[i]) - len(pieces[i].lstrip())]
+                trail = pieces[i][len(pieces[i].rstrip()) :]
+                translated[i] = lead + output.strip() + trail
+            joined = translated[0]
+            for i in range(1, len(translated)):
+                joined += token_text("brace", i - 1) + translated[i]
+            return restore(joined, protected)
+
+        return [pieces[i] for i in wanted], finish
+
+    other = "percent" if style != "percent" else "brace"
+    strategies = {"alternate": masked_with(other), "verbatim": masked_with("none"), "segments": segments}
+    pending = attempt(pending, style, masked_with(style))
+    for name in retry:
+        if not pending:
+            break
+        if name == "alternate" and other == style:
+            continue
+        pending = attempt(pending, name, strategies[name])
+    for index in pending:
+        results[index].status = "failed"
+    return results
+
+
+def run_batches(translate_batch: Callable[[list[str]], list[str]], inputs: list[str], batch_size: int | None):
+    """`translate_batch` over `inputs` in chunks of `batch_size`, checking that each answer has the right length."""
+    outputs: list[str] = []
+    size = batch_size or max(len(inputs), 1)
+    for start in range(0, len(inputs), size):
+        chunk = inputs[start : start + size]
+        answer = list(translate_batch(chunk))
+        if len(answer) != len(chunk):
+            raise ValueError(f"translate_batch returned {len(answer)} translations for {len(chunk)} texts")
+        outputs.extend(answer)
+    return outputs

@@ -1,0 +1,171 @@
+"""placeholders.py: masking, restoring and verifying placeholders, and the retry chain, with fake translators."""
+
+import pytest
+
+from vanilla_transformer_ort.placeholders import (
+    find_accelerator,
+    find_spans,
+    placeholders,
+    protect,
+    restore,
+    same_placeholders,
+    translate_protected,
+    unknown_flags,
+)
+
+C = ("c-format",)
+
+
+@pytest.mark.parametrize(
+    "text, flags, expected",
+    [
+        ("Cannot open %s: %s", C, ["%s", "%s"]),
+        ("%1$s has %2$d items (%3$5.2f%%)", C, ["%1$s", "%2$d", "%3$5.2f", "%%"]),
+        ("Size: %lu bytes, %<PRId64> blocks", C, ["%lu", "%<PRId64>"]),
+        ("Hello %(name)s, %(count)d new", ("python-format",), ["%(name)s", "%(count)d"]),
+        ("{} of {total:>3} in {0[key]}", ("python-brace-format",), ["{}", "{total:>3}", "{0[key]}"]),
+        ("Copy %1 to %L2 (%n)", ("qt-format",), ["%1", "%L2", "%n"]),
+        ('<b>Bold</b> &amp; <a href="x.html">link</a>', (), ["<b>", "</b>", "&amp;", '<a href="x.html">', "</a>"]),
+        (
+            "See https://example.org/a?b=1. Mail bugs@example.org",
+            (),
+            ["https://example.org/a?b=1", "bugs@example.org"],
+        ),
+        ("Line one\nLine\ttwo \\n", (), ["\n", "\t", "\\n"]),
+        ("%s and {0} without flags", (), ["%s", "{0}"]),
+    ],
+)
+def test_find_spans_per_format(text, flags, expected):
+    assert [span.text for span in find_spans(text, flags)] == expected
+
+
+def test_flags_decide_what_is_a_directive():
+    # python-brace-format: %s is plain text; c-format: {0} is plain text except as a look-alike of our own tokens.
+    assert [s.text for s in find_spans("50%s {x}", ("python-brace-format",), "none")] == ["{x}"]
+    assert [s.text for s in find_spans("%s {x}", ("no-c-format", "no-python-brace-format"), "none")] == []
+    assert [s.kind for s in find_spans("%s {0}", C, "brace")] == ["c-format", "literal"]
+
+
+def test_protect_masks_and_restore_puts_back():
+    protected = protect("Cannot open <b>%s</b>: %s", C)
+    assert protected.masked == "Cannot open {0}{1}{2}: {3}"
+    assert restore("Kann {0}{1}{2} nicht öffnen: {3}", protected) == "Kann <b>%s</b> nicht öffnen: %s"
+    percent = protect("Cannot open %s", C, "percent")
+    assert percent.masked == "Cannot open %1"
+    assert restore("Kann %1 nicht öffnen", percent) == "Kann %s nicht öffnen"
+
+
+@pytest.mark.parametrize(
+    "output", ["Kann {0} nicht öffnen", "Kann {0} {0} {1} öffnen", "Kann {0} {1} {2} öffnen", "Kann nicht öffnen"]
+)
+def test_restore_refuses_missing_duplicated_or_invented(output):
+    assert restore(output, protect("Cannot open %s: %s", C)) is None
+
+
+def test_restore_refuses_directive_the_model_wrote():
+    # "50 % der" holds "% d", a printf directive msgfmt would count.
+    assert restore("50 % der {0}", protect("Half of %s", C)) is None
+
+
+def test_reordered_printf_becomes_positional_under_c_format_only():
+    assert restore("{1} Dateien in {0}", protect("In %s: %d files", C)) == "%2$d Dateien in %1$s"
+    assert restore("{1} Dateien in {0}", protect("In %s: %d files", ("python-format",))) is None
+    # named and positional arguments may move freely
+    named = protect("In %(dir)s: %(n)d files", ("python-format",))
+    assert restore("{1} Dateien in {0}", named) == "%(n)d Dateien in %(dir)s"
+
+
+def test_edge_whitespace_and_newlines_are_kept_verbatim():
+    protected = protect("\nUsage: %s [OPTION]\n\tmore\n", C)
+    assert protected.masked == "Usage: {0} [OPTION]{1}more"
+    assert restore(" Aufruf: {0} [OPTION]{1}mehr ", protected) == "\nAufruf: %s [OPTION]\n\tmehr\n"
+
+
+@pytest.mark.parametrize(
+    "text, marker, masked",
+    [("_Open", "_", "Open"), ("E_xit", "_", "Exit"), ("Save _As…", "_", "Save As…"), ("&File", "&", "File")],
+)
+def test_accelerators_are_removed_and_put_back(text, marker, masked):
+    protected = protect(text)
+    assert (protected.accelerator, protected.masked) == (marker, masked)
+
+
+def test_accelerator_goes_before_the_same_letter_or_the_first():
+    assert restore("Datei _öffnen", protect("_Open")) == "Datei _öffnen"  # the model kept one: counted, not doubled
+    assert restore("Öffnen", protect("_Open")) == "_Öffnen"  # no o: the first letter
+    assert restore("Beenden", protect("E_xit")) == "_Beenden"
+    assert restore("Speichern als", protect("Save _As…")) == "Speichern _als"  # the same letter, word start first
+    assert restore("{0}{1}{2} Datei", protect("<b>%s</b> _file", C)) == "<b>%s</b> _Datei"  # never in a tag
+
+
+def test_accelerator_not_mistaken():
+    for text in ("file_name", "%s_%d", "GTK__X", "Tom & Jerry", "&amp; more", "_a and _b"):
+        spans = find_spans(text, C, "none")
+        assert find_accelerator(text, spans) == (None, -1), text
+
+
+def test_placeholder_only_is_not_translatable():
+    for text in ("%s", "%s: %s", "<b>%s</b>", "%d%%", "  {0}  "):
+        assert not protect(text, C + ("python-brace-format",)).is_translatable
+    assert protect("%s files", C).is_translatable
+
+
+def test_placeholders_measure_counts_accelerators_and_positional_rewrites():
+    assert placeholders("_Open %s", C) == placeholders("Ö_ffnen %s", C)
+    assert same_placeholders("In %s: %d files", "%2$d Dateien in %1$s", C)
+    assert not same_placeholders("In %s: %d files", "%d Dateien", C)
+
+
+def test_unknown_flags():
+    assert unknown_flags(["fuzzy", "c-format", "no-python-format", "c-fromat", "range"]) == ["c-fromat"]
+
+
+def german(batch):
+    """A fake model: translates two words, copies the rest."""
+    return [text.replace("Open", "Öffnen").replace("files", "Dateien") for text in batch]
+
+
+def test_translate_protected_batches_and_copies_placeholder_only():
+    calls = []
+
+    def model(batch):
+        calls.append(list(batch))
+        return german(batch)
+
+    results = translate_protected(model, ["Open %s", "%s", "%d files"], [C, C, C], batch_size=8)
+    assert [r.translation for r in results] == ["Öffnen %s", "%s", "%d Dateien"]
+    assert [r.status for r in results] == ["translated", "copied", "translated"]
+    assert calls == [["Open {0}", "{0} files"]]
+
+
+def test_translate_protected_retries_then_fails_without_writing():
+    def drops_braces(batch):
+        return [text.replace("{0}", "").replace("{1}", "") for text in batch]
+
+    # alternate style (%1) survives this model
+    result = translate_protected(drops_braces, ["Open %s"], [C], retry=("alternate",))[0]
+    assert (result.translation, result.status, result.attempts) == ("Open %s", "retried", ["brace", "alternate"])
+
+    def drops_everything(batch):
+        return ["nichts" for _ in batch]
+
+    result = translate_protected(drops_everything, ["Open %s"], [C], retry=("alternate", "verbatim"))[0]
+    assert result.translation is None and result.status == "failed"
+    assert result.attempts == ["brace", "alternate", "verbatim"] and "placeholder" in result.reason
+
+
+def test_segments_fallback_keeps_placeholders_in_source_order():
+    def drops_placeholders(batch):
+        return [" ".join(word for word in text.split() if "{" not in word and "%" not in word) for text in batch]
+
+    result = translate_protected(drops_placeholders, ["Open %s: %d files"], [C], retry=("segments",))[0]
+    assert result.translation == "Open %s: %d files".replace("Open", "Open") and result.status == "retried"
+
+
+def test_translate_protected_checks_its_inputs():
+    with pytest.raises(ValueError, match="flags_per_text"):
+        translate_protected(german, ["a"], [C, C])
+    with pytest.raises(ValueError, match="retry"):
+        translate_protected(german, ["a"], retry=("pray",))
+    with pytest.raises(ValueError, match="returned 0"):
+        translate_protected(lambda batch: [], ["Open"])
