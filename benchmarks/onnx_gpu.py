@@ -29,6 +29,7 @@ from benchmarks.onnx_speed import agreement, random_model, source_batch
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.export.onnx_export import export_model
 from vanilla_transformer_ort import OrtTranslator
+from vanilla_transformer_ort.contract import DECODER_FILE
 
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
         if not (model_dir / "config.json").is_file():
             random_model(model_dir, args.vocab_size, args.preset)
     folder = work / "onnx-fp16"
-    if not (folder / "decoder_model.onnx").is_file():
+    if not (folder / DECODER_FILE).is_file():
         start = time.perf_counter()
         export_model(model_dir, folder, dtype="fp16")
         print(f"exported fp16 in {time.perf_counter() - start:.0f} s")

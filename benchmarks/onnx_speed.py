@@ -32,6 +32,7 @@ from benchmarks import common
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.export.onnx_export import export_model
 from vanilla_transformer_ort import OrtTranslator
+from vanilla_transformer_ort.contract import DECODER_FILE
 from vanilla_transformer_ort.sessions import session_options
 
 CASES = [("greedy", 1, 1), ("beam 4", 4, 16)]  # (name, num_beams, batch)
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
             random_model(model_dir, args.vocab_size)
     folders = {"fp32": work / "onnx-fp32", "int8": work / "onnx-int8"}
     for name, folder in folders.items():
-        if not (folder / "decoder_model.onnx").is_file():
+        if not (folder / DECODER_FILE).is_file():
             start = time.perf_counter()
             export_model(model_dir, folder, quantize="int8" if name == "int8" else None)
             print(f"exported {name} in {time.perf_counter() - start:.0f} s")
