@@ -18,6 +18,7 @@ from transformers import Seq2SeqTrainingArguments
 from transformers.utils import logging
 
 from ..inference import load_translation_model, translate
+from ..progress import show_package_progress
 from .data import DataArguments, write_tsv
 from .experiment import ModelArguments, run_training
 from .gettext_corpus import DEFAULT_LOCALE_DIR, gettext_corpus
@@ -283,8 +284,6 @@ def _train(model_args, data_args, training_kwargs, recipe, deadline, corpus, sho
         datasets.disable_progress_bars()
         logging.set_verbosity_error()
     elif show_progress:
-        from ..cli import show_package_progress
-
         show_package_progress()
     training_args = Seq2SeqTrainingArguments(**training_kwargs)
     return run_training(
