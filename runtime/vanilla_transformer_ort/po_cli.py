@@ -1,0 +1,163 @@
+"""`vt-translate-po INPUT OUTPUT --model FOLDER`: machine pre-translation of a gettext catalog (.pot, .po or .mo in,
+.po out) with every placeholder kept; what the model wrote is marked fuzzy for review (docs/LOCALIZATION.md).
+
+    vt-translate-po po/app.pot po/de.po --model runs/en-de-onnx --target_lang de
+    vt-translate-po po/de.po --in_place --model runs/en-de        # a PyTorch folder works when torch is installed
+
+Problems with the input give one line naming the file (and line) and what to do, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from .catalog import (
+    CatalogError,
+    check_flags,
+    check_output_path,
+    load_catalog,
+    pretranslate,
+    print_progress,
+    resolve_plural_forms,
+    translatable_entries,
+    write_catalog,
+)
+from .contract import CONFIG_FILE, ENCODER_FILE
+from .placeholders import STRATEGIES, STYLES
+
+VERSION = "0.1.0"
+PROG = "vt-translate-po"
+
+
+def add_option(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
+    """`--snake_case` with its `--kebab-case` alias."""
+    names = [name] + ([name.replace("_", "-")] if "_" in name else [])
+    parser.add_argument(*names, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("input", help="catalog to translate: .pot, .po or .mo")
+    parser.add_argument("output", nargs="?", help="the .po to write (omit with --in_place)")
+    add_option(parser, "--model", required=True, help="ONNX export folder, or a PyTorch model folder (needs torch)")
+    add_option(parser, "--target_lang", help="language code written to the header (default: the catalog's Language)")
+    add_option(parser, "--overwrite", action="store_true", help="retranslate every entry, not only untranslated ones")
+    add_option(parser, "--no_fuzzy", action="store_true", help="do not mark the machine translations fuzzy")
+    add_option(parser, "--in_place", action="store_true", help="write over INPUT (a .po)")
+    add_option(
+        parser, "--plural_forms", help="Plural-Forms to use when the header has none, 'nplurals=2; plural=(n != 1);'"
+    )
+    add_option(parser, "--num_beams", type=int, default=None, help="beam size (default: the model's)")
+    add_option(parser, "--batch_size", type=int, default=32, help="texts per model call")
+    add_option(parser, "--threads", type=int, default=1, help="CPU threads for the model")
+    add_option(parser, "--provider", default="auto", help="onnxruntime provider: auto, cpu or cuda")
+    add_option(parser, "--placeholder_style", choices=STYLES, default="brace", help="mask of the first attempt")
+    add_option(
+        parser,
+        "--retry",
+        nargs="*",
+        choices=STRATEGIES,
+        default=list(STRATEGIES),
+        help="what to try, in order, when a placeholder was lost (default: all)",
+    )
+    add_option(parser, "--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--version", action="version", version=f"{PROG} {VERSION}")
+    return parser
+
+
+def load_translate_batch(folder: str, num_beams: int | None, threads: int, provider: str) -> Callable:
+    """`translate_batch` over an ONNX export folder (onnxruntime) or a PyTorch model folder (torch, lazily)."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise CatalogError(f"{path}: no such model folder; pass an ONNX export or a trained model folder to --model")
+    if (path / ENCODER_FILE).is_file():
+        from .translator import OrtTranslator
+
+        translator = OrtTranslator(path, provider=provider, intra_op_num_threads=threads)
+        return lambda batch: translator.translate(list(batch), num_beams=num_beams)
+    if not (path / CONFIG_FILE).is_file():
+        raise CatalogError(f"{path}: neither an ONNX export ({ENCODER_FILE}) nor a model folder ({CONFIG_FILE})")
+    try:
+        import torch
+
+        from vanilla_transformer.inference import load_translation_model, translate
+    except ImportError:
+        raise CatalogError(
+            f"{path}: a PyTorch model folder needs torch and vanilla-transformer; install them or export the folder "
+            "with vt-export-onnx and pass the export"
+        ) from None
+    torch.set_num_threads(threads)
+    model, tokenizer = load_translation_model(path, device="cpu" if provider == "cpu" else None)
+    return lambda batch: translate(
+        model, tokenizer, list(batch), batch_size=len(batch), num_beams=num_beams, show_progress=False
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check everything cheap first (paths, catalog, flags, plural rule), then load the model and translate."""
+    input_path = Path(args.input)
+    if args.output is None and not args.in_place:
+        raise CatalogError(f"{input_path}: no OUTPUT given; pass the .po to write, or --in_place to overwrite INPUT")
+    output_path = input_path if args.output is None else Path(args.output)
+    if not input_path.is_file():
+        raise CatalogError(f"{input_path}: no such file; pass an existing .po, .pot or .mo catalog")
+    check_output_path(input_path, output_path, args.in_place)
+    if args.batch_size < 1 or args.threads < 1 or (args.num_beams is not None and args.num_beams < 1):
+        raise CatalogError(f"{input_path}: --batch_size, --threads and --num_beams must be at least 1")
+    catalog = load_catalog(input_path)
+    entries = translatable_entries(catalog)
+    if not entries:
+        raise CatalogError(f"{input_path}: the catalog has no messages; extract them first (xgettext, msgmerge)")
+    language = args.target_lang or catalog.metadata.get("Language", "").strip()
+    if not language:
+        raise CatalogError(f"{input_path}: the catalog names no Language; pass --target_lang (e.g. de)")
+    check_flags(catalog, input_path)
+    resolve_plural_forms(catalog, input_path, language, args.plural_forms, any(e.msgid_plural for e in entries))
+
+    translate_batch = load_translate_batch(args.model, args.num_beams, args.threads, args.provider)
+    show = not args.quiet and sys.stderr.isatty()
+    report = pretranslate(
+        catalog,
+        input_path,
+        translate_batch,
+        language,
+        overwrite=args.overwrite,
+        mark_fuzzy=not args.no_fuzzy,
+        plural_forms=args.plural_forms,
+        batch_size=args.batch_size,
+        retry=args.retry,
+        style=args.placeholder_style,
+        progress=print_progress if show else None,
+    )
+    write_catalog(catalog, output_path)
+    for line, msgid, reason in report.failed:
+        short = msgid if len(msgid) <= 60 else msgid[:57] + "..."
+        print(f"{input_path}:{line}: left untranslated, {reason}: {short!r}", file=sys.stderr)
+    print(
+        f"{output_path}: {report.translated + report.copied} of {report.candidates} entries written "
+        f"({report.retried} after a retry, {report.copied} copied as placeholders only, {report.plurals} plural), "
+        f"{len(report.failed)} left untranslated; {report.entries} messages in all"
+        + ("" if args.no_fuzzy else "; new translations are marked fuzzy"),
+        file=sys.stderr,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; exit status 0, or 2 with one line on stderr for a problem the user must fix."""
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except CatalogError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as error:  # the model folder (OrtTranslator, safetensors) or the file system
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
