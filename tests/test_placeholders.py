@@ -99,7 +99,7 @@ def test_accelerator_goes_before_the_same_letter_or_the_first():
 
 
 def test_accelerator_not_mistaken():
-    for text in ("file_name", "%s_%d", "GTK__X", "Tom & Jerry", "&amp; more", "_a and _b"):
+    for text in ("file_name", "BUS_NAME", "%s_%d", "GTK__X", "Tom & Jerry", "&amp; more", "_a and _b"):
         spans = find_spans(text, C, "none")
         assert find_accelerator(text, spans) == (None, -1), text
 
@@ -111,7 +111,10 @@ def test_placeholder_only_is_not_translatable():
 
 
 def test_placeholders_measure_counts_accelerators_and_positional_rewrites():
-    assert placeholders("_Open %s", C) == placeholders("Ö_ffnen %s", C)
+    assert same_placeholders("_Open %s", "Ö_ffnen %s", C)  # a marker anywhere counts
+    assert not same_placeholders("_Open %s", "Öffnen %s", C)
+    assert not same_placeholders("_Open %s", "_Datei ö_ffnen %s", C)
+    assert placeholders("<b>%s</b>", C) == placeholders("<b>%s</b> danach", C)
     assert same_placeholders("In %s: %d files", "%2$d Dateien in %1$s", C)
     assert not same_placeholders("In %s: %d files", "%d Dateien", C)
 

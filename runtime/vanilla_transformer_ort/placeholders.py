@@ -197,8 +197,9 @@ def find_accelerator(text: str, spans: Sequence[Span]) -> tuple[str | None, int]
         if position in inside or (position > 0 and text[position - 1] in "%{&_"):
             continue
         word_start = re.search(r"\w*$", text[:position]).start()
-        # At a word start (_Open, &File), or inside a capitalised word (E_xit, Save _As); not in file_name.
-        if position == word_start or text[word_start].isupper():
+        # At a word start (_Open, &File), or before a small letter inside a capitalised word (E_xit); not in
+        # file_name or BUS_NAME.
+        if position == word_start or (text[word_start].isupper() and text[position + 1].islower()):
             candidates.append(position)
     if len(candidates) != 1 or "__" in text:
         return None, -1
@@ -339,14 +340,22 @@ def place_accelerator(text: str, protected: Protected) -> str | None:
     return text[:position] + protected.accelerator + text[position:]
 
 
-def placeholders(text: str, flags: Sequence[str] = ()) -> Counter:
-    """The multiset of protected pieces of `text` (format directives, markup, entities, URLs, ...) plus its
-    accelerator marker, the measure of "placeholders exactly preserved"."""
+def placeholders(text: str, flags: Sequence[str] = (), accelerator: str | None = None) -> Counter:
+    """The multiset of protected pieces of `text` (format directives, markup, entities, URLs, ...) and accelerator
+    markers, the measure of "placeholders exactly preserved". The marker is `text`'s own accelerator, or every
+    `accelerator` followed by a letter outside the other pieces when it is given (a translation's marker may sit
+    where the heuristic of `find_accelerator` would not look)."""
     spans = find_spans(text, flags, "none")
-    counter = Counter((span.kind if span.kind != "break" else "break", span.text) for span in spans)
-    accelerator, _ = find_accelerator(text.strip(), find_spans(text.strip(), flags, "none"))
-    if accelerator:
-        counter[("accelerator", accelerator)] += 1
+    counter = Counter((span.kind, span.text) for span in spans)
+    if accelerator is None:
+        accelerator, _ = find_accelerator(text.strip(), find_spans(text.strip(), flags, "none"))
+        if accelerator:
+            counter[("accelerator", accelerator)] += 1
+        return counter
+    inside = {i for span in spans for i in range(span.start, span.end)}
+    markers = [m.start() for m in re.finditer(rf"{re.escape(accelerator)}(?=[^\W_])", text) if m.start() not in inside]
+    if markers:
+        counter[("accelerator", accelerator)] += len(markers)
     return counter
 
 
@@ -356,7 +365,11 @@ def same_placeholders(source: str, translation: str, flags: Sequence[str] = ()) 
     def normal(counter: Counter) -> Counter:
         return Counter({(kind, re.sub(r"^%\d+\$", "%", text)): n for (kind, text), n in counter.items()})
 
-    return normal(placeholders(source, flags)) == normal(placeholders(translation, flags))
+    accelerator, _ = find_accelerator(source.strip(), find_spans(source.strip(), flags, "none"))
+    expected = normal(placeholders(source, flags))
+    if accelerator:
+        return expected == normal(placeholders(translation, flags, accelerator))
+    return expected == normal(placeholders(translation, flags))
 
 
 STRATEGIES = ("alternate", "verbatim", "segments")

@@ -1,9 +1,6 @@
 """`vt-translate-po INPUT OUTPUT --model FOLDER`: machine pre-translation of a gettext catalog (.pot, .po or .mo in,
 .po out) with every placeholder kept; what the model wrote is marked fuzzy for review (docs/LOCALIZATION.md).
 
-    vt-translate-po po/app.pot po/de.po --model runs/en-de-onnx --target_lang de
-    vt-translate-po po/de.po --in_place --model runs/en-de        # a PyTorch folder works when torch is installed
-
 Problems with the input give one line naming the file (and line) and what to do, and exit status 2.
 """
 
@@ -25,46 +22,43 @@ from .catalog import (
     translatable_entries,
     write_catalog,
 )
+from .cli_common import make_parser, positive_int, run_cli
 from .contract import CONFIG_FILE, ENCODER_FILE
 from .placeholders import STRATEGIES, STYLES
 
 VERSION = "0.1.0"
 PROG = "vt-translate-po"
-
-
-def add_option(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
-    """`--snake_case` with its `--kebab-case` alias."""
-    names = [name] + ([name.replace("_", "-")] if "_" in name else [])
-    parser.add_argument(*names, **kwargs)
+EXAMPLE = """
+vt-translate-po po/app.pot po/de.po --model runs/en-de-onnx --target_lang de
+vt-translate-po po/de.po --in_place --model runs/en-de    # a PyTorch model folder, when torch is installed
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = make_parser(PROG, __doc__, EXAMPLE, VERSION)
     parser.add_argument("input", help="catalog to translate: .pot, .po or .mo")
     parser.add_argument("output", nargs="?", help="the .po to write (omit with --in_place)")
-    add_option(parser, "--model", required=True, help="ONNX export folder, or a PyTorch model folder (needs torch)")
-    add_option(parser, "--target_lang", help="language code written to the header (default: the catalog's Language)")
-    add_option(parser, "--overwrite", action="store_true", help="retranslate every entry, not only untranslated ones")
-    add_option(parser, "--no_fuzzy", action="store_true", help="do not mark the machine translations fuzzy")
-    add_option(parser, "--in_place", action="store_true", help="write over INPUT (a .po)")
-    add_option(
-        parser, "--plural_forms", help="Plural-Forms to use when the header has none, 'nplurals=2; plural=(n != 1);'"
+    parser.add_argument("--model", required=True, help="ONNX export folder, or a PyTorch model folder (needs torch)")
+    parser.add_argument("--target_lang", help="language code for the header (default: the catalog's Language)")
+    parser.add_argument("--overwrite", action="store_true", help="retranslate every entry, not only untranslated ones")
+    parser.add_argument("--no_fuzzy", action="store_true", help="do not mark the machine translations fuzzy")
+    parser.add_argument("--in_place", action="store_true", help="write over INPUT (a .po)")
+    parser.add_argument(
+        "--plural_forms", help="Plural-Forms when the header has none, e.g. 'nplurals=2; plural=(n != 1);'"
     )
-    add_option(parser, "--num_beams", type=int, default=None, help="beam size (default: the model's)")
-    add_option(parser, "--batch_size", type=int, default=32, help="texts per model call")
-    add_option(parser, "--threads", type=int, default=1, help="CPU threads for the model")
-    add_option(parser, "--provider", default="auto", help="onnxruntime provider: auto, cpu or cuda")
-    add_option(parser, "--placeholder_style", choices=STYLES, default="brace", help="mask of the first attempt")
-    add_option(
-        parser,
+    parser.add_argument("--num_beams", type=positive_int, default=None, help="beam size (default: the model's)")
+    parser.add_argument("--batch_size", type=positive_int, default=32, help="texts per model call")
+    parser.add_argument("--threads", type=positive_int, default=1, help="CPU threads for the model")
+    parser.add_argument("--provider", default="auto", help="onnxruntime provider: auto, cpu or cuda")
+    parser.add_argument("--placeholder_style", choices=STYLES, default="brace", help="mask of the first attempt")
+    parser.add_argument(
         "--retry",
         nargs="*",
         choices=STRATEGIES,
         default=list(STRATEGIES),
         help="what to try, in order, when a placeholder was lost (default: all)",
     )
-    add_option(parser, "--quiet", action="store_true", help="no progress bar")
-    parser.add_argument("--version", action="version", version=f"{PROG} {VERSION}")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
@@ -96,8 +90,9 @@ def load_translate_batch(folder: str, num_beams: int | None, threads: int, provi
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def command(argv: list[str]) -> int:
     """Check everything cheap first (paths, catalog, flags, plural rule), then load the model and translate."""
+    args = build_parser().parse_args(argv)
     input_path = Path(args.input)
     if args.output is None and not args.in_place:
         raise CatalogError(f"{input_path}: no OUTPUT given; pass the .po to write, or --in_place to overwrite INPUT")
@@ -105,8 +100,6 @@ def run(args: argparse.Namespace) -> int:
     if not input_path.is_file():
         raise CatalogError(f"{input_path}: no such file; pass an existing .po, .pot or .mo catalog")
     check_output_path(input_path, output_path, args.in_place)
-    if args.batch_size < 1 or args.threads < 1 or (args.num_beams is not None and args.num_beams < 1):
-        raise CatalogError(f"{input_path}: --batch_size, --threads and --num_beams must be at least 1")
     catalog = load_catalog(input_path)
     entries = translatable_entries(catalog)
     if not entries:
@@ -147,16 +140,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; exit status 0, or 2 with one line on stderr for a problem the user must fix."""
-    args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except CatalogError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
-    except (ValueError, OSError) as error:  # the model folder (OrtTranslator, safetensors) or the file system
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
+    """Entry point: exit status 0, or 2 with one line on stderr for a problem the user must fix."""
+    return run_cli(command, argv, prog=PROG)
 
 
 if __name__ == "__main__":
