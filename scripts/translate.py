@@ -2,10 +2,17 @@
 
     echo "File not found." | python scripts/translate.py --model out/model
 
-Installed as `vt-translate`; the logic lives in `vanilla_transformer.cli.translate_command`.
+Installed as `vt-translate`; the logic lives in `vanilla_transformer.cli`. `main` is `translate_command`, which returns
+what it made (for Python callers); run as a script, `translate_main` reports a user error as one line on stderr and
+exit status 2.
 """
 
+import sys
+
 from vanilla_transformer.cli import translate_command as main
+from vanilla_transformer.cli import translate_main
+
+__all__ = ["main"]  # the command, for Python callers and tests
 
 if __name__ == "__main__":
-    main()
+    sys.exit(translate_main())

@@ -63,9 +63,11 @@ def ort_main(*argv: str):
         stderr = io.StringIO()
         with contextlib.redirect_stderr(stderr):
             try:
-                main([arg.format(**vars(ctx)) for arg in argv])
-            except SystemExit as exit_info:
-                raise ScriptExit(f"exit {exit_info.code}: {stderr.getvalue()}") from None
+                status = main([arg.format(**vars(ctx)) for arg in argv])
+            except SystemExit as exit_info:  # argparse's parser.error
+                status = exit_info.code
+        if status != 0:
+            raise ScriptExit(f"exit {status}: {stderr.getvalue()}")
 
     return call
 
@@ -225,8 +227,12 @@ ROWS = [
      ScriptExit, ["model.safetensors", "damaged or incomplete"]),
     ("export/bad-dtype", script("export/export_onnx.py", "--model", "{model_dir}", "--output", "{tmp}/o", "--dtype",
                                 "int4"), ScriptExit, ["--dtype", "invalid choice"]),  # fmt: skip
-    ("ort_cli/missing-folder", ort_main("{tmp}/none", "a b"), ValueError, ["does not exist"]),
+    ("ort_cli/missing-folder", ort_main("{tmp}/none", "a b"), ScriptExit, ["exit 2", "does not exist", "--model"]),
+    ("ort_cli/missing-model-flag", ort_main("--model", "{tmp}/none", "a b"), ScriptExit, ["exit 2", "does not exist"]),
+    ("ort_cli/not-an-export", ort_main("--model", "{tmp}", "a b"), ScriptExit, ["exit 2", "encoder_model.onnx"]),
     ("ort_cli/batch-0", ort_main("{export_dir}", "a b", "--batch-size", "0"), ScriptExit, ["--batch-size", ">= 1"]),
+    ("ort_cli/batch_size-0", ort_main("--model", "{export_dir}", "a b", "--batch_size", "0"), ScriptExit,
+     ["exit 2", "--batch_size", ">= 1"]),
     # ---- OrtTranslator
     ("ort/translate-None", lambda c: c.translator.translate(None), TypeError, ["list of strings", "NoneType"]),
     ("ort/translate-str", lambda c: c.translator.translate("a b"), ValueError, ["single str", "[text]"]),

@@ -236,7 +236,7 @@ def test_script(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (output / "model.bin").is_file() and "int8" in done.stdout
     again = subprocess.run(command + ["--output", str(output)], capture_output=True, text=True, check=False)
-    assert again.returncode == 1 and "already exists" in again.stderr
+    assert again.returncode == 2 and "already exists" in again.stderr
 
 
 DIMENSIONS = ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",

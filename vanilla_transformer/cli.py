@@ -1,7 +1,9 @@
 """The command lines: each `*_command(argv)` parses its arguments, runs, and returns what it made (for Python callers
-and tests); `scripts/<name>.py` calls it, and each `*_main` is the matching `vt-*` console script of pyproject.toml.
+and tests; errors raise); `scripts/<name>.py` calls it, and each `*_main` is the matching `vt-*` console script of
+pyproject.toml, where a user error is one line on stderr and exit status 2 (`vanilla_transformer_ort.cli_common`).
 
-Heavy imports (torch, datasets) happen after the arguments are parsed, so `--help` answers at once.
+Flags are `--snake_case` like transformers', each also spelled `--kebab-case`; `--help` ends with an example and
+`--version` prints the package's version. Heavy imports (torch, datasets) happen after the arguments are parsed.
 """
 
 from __future__ import annotations
@@ -10,43 +12,98 @@ import argparse
 import functools
 import inspect
 import json
-import logging as std_logging
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vanilla_transformer_ort.cli_common import (
+    HelpFormatter,
+    OneLineErrors,
+    UserError,
+    add_common_flags,
+    add_flag_alias,
+    format_epilog,
+    make_parser,
+    one_line,
+    run_cli,
+)
+
+from . import __version__
+from .progress import show_package_progress
+
 MODEL_CARD_TEMPLATE = Path(__file__).resolve().parents[1] / "model_card.md"  # at the root of a checkout
+CONFIG_FILE = "config.json"
+ONNX_ENCODER_FILE = "encoder_model.onnx"  # marks an ONNX export folder (vanilla_transformer_ort.contract)
 
 
-def _parser(command: Callable) -> argparse.ArgumentParser:
-    """An argument parser whose description is `command`'s docstring."""
-    return argparse.ArgumentParser(
-        description=inspect.cleandoc(command.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def _split_doc(command: Callable) -> tuple[str, str]:
+    """`command`'s docstring as (description, example): the example is the text under its `Example:` line, which
+    `--help` shows at the end."""
+    description, _, example = inspect.cleandoc(command.__doc__).partition("\n\nExample:\n")
+    return description, textwrap.dedent(example).strip("\n")
+
+
+def _parser(command: Callable, prog: str) -> argparse.ArgumentParser:
+    """An argument parser for `prog` from `command`'s docstring, with `--version`, `--debug`, one-line errors and
+    `--kebab-case` aliases of the `--snake_case` flags."""
+    return make_parser(prog, *_split_doc(command), __version__)
+
+
+def _hf_parser(dataclass_types: tuple | type, command: Callable, prog: str, debug: bool = True):
+    """A transformers `HfArgumentParser` (which already takes `--kebab-case` aliases) in the same style."""
+    from transformers import HfArgumentParser
+
+    description, example = _split_doc(command)
+    parser_class = type("HfCliParser", (OneLineErrors, HfArgumentParser), {})
+    parser = parser_class(
+        dataclass_types, prog=prog, description=description, epilog=format_epilog(example),
+        formatter_class=type("HfHelpFormatter", (HelpFormatter, argparse.ArgumentDefaultsHelpFormatter), {}),
+    )  # fmt: skip
+    add_common_flags(parser, __version__, debug=debug)
+    return parser
+
+
+def check_model_folder(path: str, flag: str = "--model") -> None:
+    """A user error when `path` is an existing folder that holds no saved model (an ONNX export, an empty folder);
+    a missing path is left to the loader, whose FileNotFoundError names it."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return
+    if (folder / ONNX_ENCODER_FILE).is_file():
+        raise UserError(f"{flag} {path} is an ONNX export folder, not a model folder; use vt-translate-onnx on it")
+    if not (folder / CONFIG_FILE).is_file():
+        raise UserError(f"{flag} {path} is not a model folder (no {CONFIG_FILE}); pass the --output_dir of vt-train")
 
 
 def train_command(argv: list[str] | None = None) -> dict[str, Any]:
     """Train a vanilla Transformer for translation with the paper's recipe (§5) on Seq2SeqTrainer.
 
     Runs unchanged on one CPU/GPU or under `accelerate launch scripts/train.py` (DDP, FSDP, DeepSpeed; see
-    docs/TRAINING.md):
+    docs/TRAINING.md). Arguments: model (--preset, --config_overrides, --model_name_or_path or --model), data
+    (--train_file, --dataset_name, ...; the default is the gettext corpus of this machine), the recipe
+    (--paper_recipe, --lr_schedule, --max_tokens, --length_penalty) and every `Seq2SeqTrainingArguments` flag
+    (--output_dir or --output, ...). A single JSON file with all of them also works. `--debug` is transformers' own
+    flag here: set VT_DEBUG=1 to see the traceback of an error.
 
+    Example:
         vt-train --tokenizer_name out/tokenizer --output_dir out/model --preset small \\
             --do_train --predict_with_generate --max_steps 2000
-
-    Arguments: model (--preset, --config_overrides, --model_name_or_path), data (--train_file, --dataset_name, ...;
-    the default is the gettext corpus of this machine), the recipe (--paper_recipe, --lr_schedule, --max_tokens,
-    --length_penalty) and every `Seq2SeqTrainingArguments` flag. A single JSON file with all of them also works.
     """
-    from transformers import HfArgumentParser, Seq2SeqTrainingArguments
+    from transformers import Seq2SeqTrainingArguments
 
     from .training.data import DataArguments
     from .training.experiment import ModelArguments, run_training
     from .training.recipe import RecipeArguments, check_precision_flags, explicit_flags
 
     argv = sys.argv[1:] if argv is None else argv
-    parser = HfArgumentParser((ModelArguments, DataArguments, RecipeArguments, Seq2SeqTrainingArguments))
+    parser = _hf_parser(
+        (ModelArguments, DataArguments, RecipeArguments, Seq2SeqTrainingArguments), train_command, "vt-train",
+        debug=False,  # Seq2SeqTrainingArguments has a --debug of its own
+    )  # fmt: skip
+    add_flag_alias(parser, "--output_dir", "--output")
+    add_flag_alias(parser, "--model_name_or_path", "--model")
     if len(argv) == 1 and argv[0].endswith(".json"):
         with open(argv[0]) as handle:
             settings = json.load(handle)
@@ -68,14 +125,17 @@ def train_command(argv: list[str] | None = None) -> dict[str, Any]:
 def train_tokenizer_command(argv: list[str] | None = None) -> Path:
     """Train the joint source+target BPE tokenizer (paper §5.1: one ~37k vocabulary shared by both languages).
 
-    vt-train-tokenizer --output_dir out/tokenizer --vocab_size 8000            # gettext en→de
-    vt-train-tokenizer --train_file data/train.tsv --source_lang en --target_lang de --output_dir tok
+    Example:
+        vt-train-tokenizer --output out/tokenizer --vocab_size 8000            # gettext en→de
+        vt-train-tokenizer --train_file data/train.tsv --source_lang en --target_lang de --output tok
     """
     from .training.gettext_corpus import DEFAULT_LOCALE_DIR
     from .training.tokenization import DEFAULT_VOCAB_SIZE
 
-    parser = _parser(train_tokenizer_command)
-    parser.add_argument("--output_dir", required=True, help="Folder for tokenizer.json / tokenizer_config.json.")
+    parser = _parser(train_tokenizer_command, "vt-train-tokenizer")
+    parser.add_argument(
+        "--output", "--output_dir", required=True, help="Folder for tokenizer.json / tokenizer_config.json."
+    )
     parser.add_argument("--vocab_size", type=int, default=DEFAULT_VOCAB_SIZE)
     parser.add_argument("--min_frequency", type=int, default=2)
     parser.add_argument("--source_lang", default="en")
@@ -120,18 +180,20 @@ def train_tokenizer_command(argv: list[str] | None = None) -> Path:
         texts(), vocab_size=args.vocab_size, min_frequency=args.min_frequency,
         model_max_length=args.model_max_length, show_progress=True, add_prefix_space=args.add_prefix_space,
     )  # fmt: skip
-    tokenizer.save_pretrained(args.output_dir)
-    print(f"Saved a {len(tokenizer)}-token tokenizer ({len(train)} training pairs) to {args.output_dir}")
-    return Path(args.output_dir)
+    tokenizer.save_pretrained(args.output)
+    print(f"Saved a {len(tokenizer)}-token tokenizer ({len(train)} training pairs) to {args.output}")
+    return Path(args.output)
 
 
 def evaluate_command(argv: list[str] | None = None) -> dict[str, Any]:
     """sacreBLEU and chrF of a model folder on a test file (TSV/CSV/JSON lines/Moses prefix), decoded with the model's
     generation config (beam 4 after vt-train and the main job) unless --num_beams / --length_penalty are given.
 
-    vt-evaluate --model out/model --test_file ../shared/data/gettext-en-de/test.tsv
+    Example:
+        vt-evaluate --model out/model --test_file ../shared/data/gettext-en-de/test.tsv
+        vt-evaluate --model out/model --test_file test.tsv --num_beams 1 --output hypotheses.de
     """
-    parser = _parser(evaluate_command)
+    parser = _parser(evaluate_command, "vt-evaluate")
     parser.add_argument("--model", required=True, help="Model folder (vt-train --output_dir).")
     parser.add_argument("--test_file", required=True)
     parser.add_argument("--source_lang", default="en")
@@ -142,9 +204,10 @@ def evaluate_command(argv: list[str] | None = None) -> dict[str, Any]:
         "--length_penalty", type=float, help="Default: the model's (0.6 after vt-train, 1.0 after the main job)."
     )
     parser.add_argument("--max_samples", type=int, help="Score only the first N pairs.")
-    parser.add_argument("--output_file", help="Also write the translations here.")
+    parser.add_argument("--output", "--output_file", help="Also write the translations to this file.")
     parser.add_argument("--device")
     args = parser.parse_args(argv)
+    check_model_folder(args.model)
 
     from .inference import evaluate_translations, load_translation_model
     from .training.data import read_parallel_file
@@ -157,8 +220,8 @@ def evaluate_command(argv: list[str] | None = None) -> dict[str, Any]:
         model, tokenizer, test["source"], test["target"], batch_size=args.batch_size, num_beams=args.num_beams,
         length_penalty=args.length_penalty,
     )  # fmt: skip
-    if args.output_file:
-        Path(args.output_file).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    if args.output:
+        Path(args.output).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
     result = {"bleu": round(scores["bleu"], 2), "chrf": round(scores["chrf"], 2), "pairs": len(test)}
     print(json.dumps(result))
     return result
@@ -167,13 +230,14 @@ def evaluate_command(argv: list[str] | None = None) -> dict[str, Any]:
 def translate_command(argv: list[str] | None = None) -> list[str]:
     """Translate a file (one sentence per line) or stdin with a trained model, in batches with beam search.
 
-    echo "File not found." | vt-translate --model out/model
-    vt-translate --model out/model --input_file news.en --output_file news.de --num_beams 4
+    Example:
+        echo "File not found." | vt-translate --model out/model
+        vt-translate --model out/model --input news.en --output news.de --num_beams 4
     """
-    parser = _parser(translate_command)
+    parser = _parser(translate_command, "vt-translate")
     parser.add_argument("--model", required=True, help="Model folder (vt-train --output_dir).")
-    parser.add_argument("--input_file", help="Sentences to translate, one per line (default: stdin).")
-    parser.add_argument("--output_file", help="Where to write translations (default: stdout).")
+    parser.add_argument("--input", "--input_file", help="Sentences to translate, one per line (default: stdin).")
+    parser.add_argument("--output", "--output_file", help="Where to write translations (default: stdout).")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--num_beams", type=int, help="Beam size (default: the model's, 4 after paper training).")
     parser.add_argument(
@@ -181,25 +245,29 @@ def translate_command(argv: list[str] | None = None) -> list[str]:
     )
     parser.add_argument("--max_length", type=int, help="Longest output in tokens (default: the model's).")
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available).")
+    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's, one per core).")
     args = parser.parse_args(argv)
+    if args.input and not Path(args.input).is_file():
+        parser.error(f"--input {args.input} does not exist")
+    check_model_folder(args.model)
 
     from .inference import load_translation_model, translate
     from .training.data import read_text_file
 
-    if args.input_file:
-        if not Path(args.input_file).is_file():
-            parser.error(f"--input_file {args.input_file} does not exist")
-        lines = read_text_file(Path(args.input_file)).splitlines()  # a non-UTF-8 byte is an error naming the line
-    else:
-        lines = sys.stdin.read().splitlines()
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    # a non-UTF-8 byte in --input is an error naming the line
+    lines = (read_text_file(Path(args.input)) if args.input else sys.stdin.read()).splitlines()
     model, tokenizer = load_translation_model(args.model, args.device)
     translations = translate(
         model, tokenizer, lines, batch_size=args.batch_size, num_beams=args.num_beams,
         length_penalty=args.length_penalty, max_length=args.max_length,
     )  # fmt: skip
     text = "\n".join(translations) + ("\n" if translations else "")
-    if args.output_file:
-        Path(args.output_file).write_text(text, encoding="utf-8")
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)
     return translations
@@ -209,18 +277,19 @@ def average_checkpoints_command(argv: list[str] | None = None) -> Path:
     """Average the last N checkpoints of a training run into a loadable model folder (paper §6.1: 5 for base, 20 for
     big).
 
-        vt-average-checkpoints --run_dir out/model --num_checkpoints 5 --output_dir out/model-avg5
+    Example:
+        vt-average-checkpoints --run_dir out/model --num_checkpoints 5 --output out/model-avg5
     """
-    parser = _parser(average_checkpoints_command)
+    parser = _parser(average_checkpoints_command, "vt-average-checkpoints")
     parser.add_argument("--run_dir", required=True, help="A vt-train --output_dir with checkpoint-* folders.")
     parser.add_argument("--num_checkpoints", type=int, default=5)
-    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--output", "--output_dir", required=True, help="Model folder to write.")
     args = parser.parse_args(argv)
 
     from .training.averaging import average_checkpoints, last_checkpoints
 
     checkpoints = last_checkpoints(args.run_dir, args.num_checkpoints)
-    output = average_checkpoints(checkpoints, args.output_dir)
+    output = average_checkpoints(checkpoints, args.output)
     print(f"Averaged {', '.join(c.name for c in checkpoints)} into {output}")
     return output
 
@@ -230,14 +299,15 @@ def main_job_command(argv: list[str] | None = None) -> dict[str, Any]:
     Transformer on the CPU within a time budget (default 20 minutes), report BLEU/chrF on the held-out split, save the
     model and translate a few examples.
 
+    Example:
         vt-main-job                          # everything, about 20 minutes
         vt-main-job --time_budget_minutes 5  # a quicker, weaker run
     """
-    from transformers import HfArgumentParser
-
     from .training.main_job import MainJobArguments, run_main_job
 
-    (args,) = HfArgumentParser(MainJobArguments).parse_args_into_dataclasses(argv)
+    parser = _hf_parser(MainJobArguments, main_job_command, "vt-main-job")
+    add_flag_alias(parser, "--output_dir", "--output")
+    args = parser.parse_args_into_dataclasses(argv)[0]  # a stray --debug (run_cli's) comes second
     show_package_progress()
     summary = run_main_job(args)
     print(json.dumps(summary, indent=2, ensure_ascii=False))
@@ -246,36 +316,25 @@ def main_job_command(argv: list[str] | None = None) -> dict[str, Any]:
     return summary
 
 
-def show_package_progress() -> None:
-    """This package's INFO logs (each step of the job, corpus sizes, averaging) on stderr with the time of day;
-    transformers' own logs stay at WARNING, since the Trainer's INFO messages would bury them."""
-    from transformers.utils import logging
-
-    logging.set_verbosity_warning()
-    package_logger = std_logging.getLogger(__name__.split(".")[0])
-    package_logger.setLevel(std_logging.INFO)
-    if not package_logger.handlers:
-        handler = std_logging.StreamHandler()
-        handler.setFormatter(std_logging.Formatter("[%(asctime)s] %(levelname)s %(message)s", datefmt="%H:%M:%S"))
-        package_logger.addHandler(handler)
-
-
 def convert_marian_command(argv: list[str] | None = None):
     """Convert a MarianMT / OPUS-MT checkpoint (a folder or a Hub id) into a vanilla-transformer model folder, exactly.
-
-        vt-convert-marian --model Helsinki-NLP/opus-mt-en-de --output out/opus-mt-en-de
 
     The folder holds the model (with its remote code), Marian's generation config and tokenizer files; it loads with
     `AutoModelForSeq2SeqLM.from_pretrained`, fine-tunes with vt-train and exports with vt-export-onnx. The logic
     lives in `vanilla_transformer.convert`.
+
+    Example:
+        vt-convert-marian --model Helsinki-NLP/opus-mt-en-de --output out/opus-mt-en-de
     """
-    parser = _parser(convert_marian_command)
+    parser = _parser(convert_marian_command, "vt-convert-marian")
     parser.add_argument(
         "--model", required=True, help="MarianMTModel folder or Hub id (e.g. Helsinki-NLP/opus-mt-en-de)"
     )
     parser.add_argument("--output", required=True, help="folder to write")
     parser.add_argument("--no_verify", action="store_true", help="skip the logits comparison with MarianMTModel")
     args = parser.parse_args(argv)
+    if Path(args.model).is_dir() and not (Path(args.model) / CONFIG_FILE).is_file():
+        raise UserError(f"--model {args.model} is not a MarianMT folder (no {CONFIG_FILE}); pass a folder or Hub id")
 
     from .convert import save_converted
 
@@ -288,12 +347,13 @@ def convert_marian_command(argv: list[str] | None = None):
 def push_to_hub_command(argv: list[str] | None = None) -> int:
     """Upload a trained model folder to the Hugging Face Hub with a filled-in model card.
 
+    The token comes from HF_TOKEN or the login cache (`hf auth login`) and is never printed.
+
+    Example:
         vt-push-to-hub --model runs/demo --repo_id user/en-de-transformer [--onnx runs/demo-onnx]
         vt-push-to-hub --model runs/demo --repo_id user/en-de-transformer --dry_run hub-folder
-
-    The token comes from HF_TOKEN or the login cache (`hf auth login`) and is never printed.
     """
-    parser = _parser(push_to_hub_command)
+    parser = _parser(push_to_hub_command, "vt-push-to-hub")
     parser.add_argument("--model", required=True, help="Saved model folder (model, tokenizer, metrics).")
     parser.add_argument("--repo_id", required=True, help="Hub repository, 'user-or-org/name'.")
     parser.add_argument("--private", action="store_true", help="Create the repository as private.")
@@ -316,6 +376,7 @@ def push_to_hub_command(argv: list[str] | None = None) -> int:
 
     card = dict(source_lang=args.source_lang, target_lang=args.target_lang, dataset=args.dataset, license=args.license)
     try:
+        check_model_folder(args.model)
         if args.dry_run:
             files = prepare_hub_folder(args.model, args.dry_run, args.repo_id, args.template, args.onnx, **card)
             print(f"Dry run: wrote {len(files)} files to {args.dry_run} (nothing sent):")
@@ -327,7 +388,7 @@ def push_to_hub_command(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             print(f"Uploaded: {url}")
     except (ValueError, FileNotFoundError, FileExistsError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"vt-push-to-hub: error: {one_line(error)}", file=sys.stderr)
         return 2
     return 0
 
@@ -337,23 +398,25 @@ def push_to_hub_command(argv: list[str] | None = None) -> int:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _console_script(command: Callable[[list[str] | None], Any]) -> Callable[[list[str] | None], int]:
-    """`command` as a console script: its exit status is the int it returns, else 0 (what it made is for Python
-    callers; the console-script wrapper passes a return value to `sys.exit`)."""
+def _console_script(
+    command: Callable[[list[str] | None], Any], prog: str, debug_flag: bool = True
+) -> Callable[[list[str] | None], int]:
+    """`command` as the console script `prog`: its exit status is the int it returns, else 0 (what it made is for
+    Python callers; the console-script wrapper passes a return value to `sys.exit`), and a user error is one line
+    on stderr with status 2 (`run_cli`)."""
 
     @functools.wraps(command)
     def main(argv: list[str] | None = None) -> int:
-        result = command(argv)
-        return result if isinstance(result, int) else 0
+        return run_cli(command, argv, prog=prog, debug_flag=debug_flag)
 
     return main
 
 
-train_main = _console_script(train_command)
-train_tokenizer_main = _console_script(train_tokenizer_command)
-evaluate_main = _console_script(evaluate_command)
-translate_main = _console_script(translate_command)
-average_checkpoints_main = _console_script(average_checkpoints_command)
-main_job_main = _console_script(main_job_command)
-convert_marian_main = _console_script(convert_marian_command)
-push_to_hub_main = _console_script(push_to_hub_command)
+train_main = _console_script(train_command, "vt-train", debug_flag=False)
+train_tokenizer_main = _console_script(train_tokenizer_command, "vt-train-tokenizer")
+evaluate_main = _console_script(evaluate_command, "vt-evaluate")
+translate_main = _console_script(translate_command, "vt-translate")
+average_checkpoints_main = _console_script(average_checkpoints_command, "vt-average-checkpoints")
+main_job_main = _console_script(main_job_command, "vt-main-job")
+convert_marian_main = _console_script(convert_marian_command, "vt-convert-marian")
+push_to_hub_main = _console_script(push_to_hub_command, "vt-push-to-hub")

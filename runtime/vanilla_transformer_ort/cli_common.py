@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -126,7 +127,7 @@ def make_parser(prog: str, description: str, example: str, version: str) -> CliP
 
 def format_epilog(example: str) -> str:
     """The `--help` footer: the example lines, indented, then the note on flag spellings."""
-    lines = [line.strip() for line in example.strip().splitlines()]
+    lines = textwrap.dedent(example).strip("\n").splitlines()
     return "example:\n" + "\n".join(f"  {line}" for line in lines) + "\n\n" + KEBAB_NOTE
 
 
@@ -144,9 +145,9 @@ def describe_error(error: BaseException) -> str:
     return one_line(str(error) or type(error).__name__)
 
 
-# Exceptions that are the user's to fix; anything else is a bug and keeps its traceback.
-USER_ERRORS = (UserError, ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
-               PermissionError)  # fmt: skip
+# Exceptions that are the user's to fix: bad values, and OSError (a missing, unreadable or unwritable file, a full
+# disk, a model that cannot be fetched); anything else is a bug and keeps its traceback.
+USER_ERRORS = (UserError, ValueError, OSError)
 
 
 def is_user_error(error: BaseException) -> bool:

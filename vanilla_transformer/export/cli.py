@@ -1,49 +1,49 @@
 """Command-line entry points of the export: `export_onnx_main` (ONNX folder, then optional validation) and
-`export_ctranslate2_main` (CTranslate2 folder). `export/export_onnx.py` and `export/export_ctranslate2.py` call them.
+`export_ctranslate2_main` (CTranslate2 folder), the `vt-export-onnx` and `vt-export-ctranslate2` console scripts;
+`export/export_onnx.py` and `export/export_ctranslate2.py` call them. Same style as every `vt-*` command
+(`vanilla_transformer_ort.cli_common`): `--snake_case` flags with `--kebab-case` aliases, `--version`, `--debug`, and
+user errors as one line on stderr with exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
+from typing import Any
+
+from vanilla_transformer_ort.cli_common import UserError, make_parser, run_cli
+
+from .. import __version__
 
 EXPORT_ONNX_DOC = """Export a trained model folder to ONNX (encoder, one-step decoder and helper graphs) for
-onnxruntime serving.
-
-    python export/export_onnx.py --model runs/base --output onnx/base --validate
-    python export/export_onnx.py --model runs/base --output onnx/base-int8 --quantize int8 --validate
-    python export/export_onnx.py --model runs/base --output onnx/base-fp16 --dtype fp16
-
-Graphs, names and shapes are documented in export/README.md.
-"""
+onnxruntime serving. Graphs, names and shapes are documented in export/README.md."""
+EXPORT_ONNX_EXAMPLE = """vt-export-onnx --model runs/base --output onnx/base --validate
+vt-export-onnx --model runs/base --output onnx/base-int8 --quantize int8 --validate
+vt-export-onnx --model runs/base --output onnx/base-fp16 --dtype fp16"""
 
 EXPORT_CTRANSLATE2_DOC = """Export a trained model folder to a CTranslate2 model folder, with CTranslate2's own
-converter API.
-
-    python export/export_ctranslate2.py --model runs/base --output ct2/base
-    python export/export_ctranslate2.py --model runs/base --output ct2/base-int8 --quantization int8
-
-Options, the length limit and measured speed are in export/README.md ("CTranslate2").
-"""
+converter API. Options, the length limit and measured speed are in export/README.md ("CTranslate2")."""
+EXPORT_CTRANSLATE2_EXAMPLE = """vt-export-ctranslate2 --model runs/base --output ct2/base
+vt-export-ctranslate2 --model runs/base --output ct2/base-int8 --quantization int8"""
 
 
-def _export_parser(doc: str, output_help: str) -> argparse.ArgumentParser:
+def _export_parser(prog: str, doc: str, example: str, output_help: str) -> argparse.ArgumentParser:
     """The options every exporter takes: the model folder, the folder to write, and an optional tokenizer folder."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = make_parser(prog, doc, example, __version__)
     parser.add_argument("--model", required=True, help="save_pretrained folder (config, weights, tokenizer)")
     parser.add_argument("--output", required=True, help=output_help)
     parser.add_argument("--tokenizer", default=None, help="folder with tokenizer.json (default: --model)")
     return parser
 
 
-def export_onnx_main(argv: list[str] | None = None) -> int:
-    """`export_model`, then `validate_folder` with `--validate`; prints the files written. Returns the exit status."""
+def export_onnx_command(argv: list[str] | None = None) -> dict[str, Any]:
+    """`export_model`, then `validate_folder` with `--validate`; prints the files written and returns the manifest.
+    Errors raise (`export_onnx_main` turns user errors into one line and exit status 2)."""
     from .onnx_export import export_model
     from .onnx_graphs import DEFAULT_OPSET
     from .onnx_validation import FP32_TOLERANCE, validate_folder
 
-    parser = _export_parser(EXPORT_ONNX_DOC, "export folder to write")
+    parser = _export_parser("vt-export-onnx", EXPORT_ONNX_DOC, EXPORT_ONNX_EXAMPLE, "export folder to write")
     parser.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32", help="fp16 is meant for GPU serving")
     parser.add_argument("--quantize", choices=["int8"], default=None, help="dynamic int8 quantization (CPU)")
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET)
@@ -62,29 +62,29 @@ def export_onnx_main(argv: list[str] | None = None) -> int:
         )
         if args.validate:
             manifest = validate_folder(args.model, args.output, tolerance=args.tolerance)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
     except OSError as error:  # read-only or full disk, missing permissions: name the file and the cause
         where = error.filename or args.output
-        print(
-            f"error: cannot write or read {where}: {error.strerror or error} (--output {args.output})", file=sys.stderr
-        )
-        return 1
+        raise UserError(f"cannot write or read {where}: {error.strerror or error} (--output {args.output})") from error
     print(f"Exported to {args.output} (opset {manifest['opset']}, {manifest['dtype']}, {manifest['quantization']})")
     for name, size in manifest["files"].items():
         print(f"  {name:28s} {size / 2**20:9.2f} MiB")
     for variant, diffs in manifest.get("validation", {}).items():
         rounded = {kind: float(f"{value:.3g}") for kind, value in diffs.items()}
         print(f"  max |onnxruntime - PyTorch| {variant}: {json.dumps(rounded)}")
-    return 0
+    return manifest
 
 
-def export_ctranslate2_main(argv: list[str] | None = None) -> int:
-    """`export_ctranslate2` with the command-line options; prints the files written. Returns the exit status."""
+def export_ctranslate2_command(argv: list[str] | None = None):
+    """`export_ctranslate2` with the command-line options; prints the files written and returns the output folder.
+    Errors raise (`export_ctranslate2_main` turns user errors into one line and exit status 2)."""
     from .ctranslate2_export import QUANTIZATIONS, export_ctranslate2  # needs the ctranslate2 package
 
-    parser = _export_parser(EXPORT_CTRANSLATE2_DOC, "CTranslate2 model folder to write")
+    parser = _export_parser(
+        "vt-export-ctranslate2",
+        EXPORT_CTRANSLATE2_DOC,
+        EXPORT_CTRANSLATE2_EXAMPLE,
+        "CTranslate2 model folder to write",
+    )
     parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None, help="weight type (default float32)")
     parser.add_argument(
         "--max_positions",
@@ -105,10 +105,19 @@ def export_ctranslate2_main(argv: list[str] | None = None) -> int:
             tokenizer_dir=args.tokenizer,
             force=args.force,
         )
-    except (ValueError, RuntimeError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    except RuntimeError as error:  # CTranslate2 reports an existing --output (without --force) this way
+        raise UserError(str(error)) from error
     print(f"Exported to {output} ({args.quantization or 'float32'} weights)")
     for path in sorted(output.iterdir()):
         print(f"  {path.name:28s} {path.stat().st_size / 2**20:9.2f} MiB")
-    return 0
+    return output
+
+
+def export_onnx_main(argv: list[str] | None = None) -> int:
+    """The `vt-export-onnx` console script: `export_onnx_command`; returns the exit status."""
+    return run_cli(export_onnx_command, argv, prog="vt-export-onnx")
+
+
+def export_ctranslate2_main(argv: list[str] | None = None) -> int:
+    """The `vt-export-ctranslate2` console script: `export_ctranslate2_command`; returns the exit status."""
+    return run_cli(export_ctranslate2_command, argv, prog="vt-export-ctranslate2")
