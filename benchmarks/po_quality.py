@@ -128,10 +128,11 @@ def score(pairs: list[tuple[str, str]]) -> tuple[float, float]:
     )
 
 
-def evaluate(outputs: list[tuple[str, Path]], references: dict) -> dict:
-    """msgfmt acceptance, placeholder preservation, BLEU/chrF and plural counts over the written catalogs."""
+def evaluate(outputs: list[tuple[str, Path]], references: dict) -> tuple[dict, dict]:
+    """msgfmt acceptance, placeholder preservation, BLEU/chrF and plural counts over the written catalogs, and the
+    scored (hypothesis, reference) pairs by entry."""
     stats = Counter()
-    scored = []
+    scored = {}
     for name, path in outputs:
         rejected, compiles = msgfmt_rejected(path)
         stats["files_compiling"] += compiles
@@ -157,10 +158,10 @@ def evaluate(outputs: list[tuple[str, Path]], references: dict) -> dict:
                     stats["reference_with_placeholder"] += 1
                     stats["reference_kept"] += same_placeholders(entry.msgid, reference, entry.flags)
             if isinstance(reference, str) and reference:
-                scored.append((entry.msgstr, reference))  # an entry left untranslated scores as empty
-    stats["bleu"], stats["chrf"] = score(scored)
+                scored[(name, entry.msgctxt, entry.msgid)] = (entry.msgstr, reference)  # untranslated: empty
+    stats["bleu"], stats["chrf"] = score(list(scored.values()))
     stats["scored"] = len(scored)
-    return dict(stats)
+    return dict(stats), scored
 
 
 def run(args: argparse.Namespace) -> None:
@@ -187,7 +188,7 @@ def run(args: argparse.Namespace) -> None:
     inputs, references = build_inputs(Path(args.locale_dir), args.target_lang, args.catalogs, work, args.limit)
     print(f"{len(inputs)} catalogs, {len(references)} entries, in {work}", file=sys.stderr)
 
-    results = {}
+    results, pairs = {}, {}
     runs = [("baseline (no protection)", dict(protection=False)), ("protected", dict())]
     for label, options in runs:
         started = time.monotonic()
@@ -198,9 +199,13 @@ def run(args: argparse.Namespace) -> None:
             target = work / f"{name}.{label.split()[0]}.po"
             write_catalog(catalog, target)
             outputs.append((name, target))
-        results[label] = evaluate(outputs, references)
-        results[label]["seconds"] = round(time.monotonic() - started, 1)
-        print(f"{label}: {results[label]}", file=sys.stderr)
+        results[label], pairs[label] = evaluate(outputs, references)
+        print(f"{label} ({time.monotonic() - started:.0f} s): {results[label]}", file=sys.stderr)
+    # BLEU on the entries every run wrote: what protection changes where it does not leave an entry out.
+    common = [key for key in pairs[runs[0][0]] if all(pairs[label][key][0] for label in pairs)]
+    for label in results:
+        results[label]["common_bleu"], results[label]["common_chrf"] = score([pairs[label][k] for k in common])
+        results[label]["common"] = len(common)
 
     print_tables(results, args)
     if not args.skip_ab:
@@ -224,12 +229,15 @@ def print_tables(results: dict, args: argparse.Namespace) -> None:
         ("entries with a placeholder: kept exactly", lambda r: percent(r["placeholder_kept"], r["with_placeholder"])),
         ("... of those written", lambda r: percent(r["placeholder_kept"], r["placeholder_written"])),
         ("entries left untranslated", lambda r: f"{r['entries'] - r['written']:,}"),
-        ("BLEU / chrF against the human translations", lambda r: f"{r['bleu']} / {r['chrf']} ({r['scored']:,})"),
+        (
+            "BLEU / chrF against the human translations (untranslated = empty)",
+            lambda r: f"{r['bleu']} / {r['chrf']} ({r['scored']:,})",
+        ),
         (
             "plural entries filled (every form)",
             lambda r: percent(r.get("plural_filled", 0), r.get("plural_entries", 0)),
         ),
-        ("seconds", lambda r: f"{r['seconds']}"),
+        ("... on the entries both runs wrote", lambda r: f"{r['common_bleu']} / {r['common_chrf']} ({r['common']:,})"),
     ]
     for title, cell in rows:
         print(f"| {title} | " + " | ".join(cell(results[label]) for label in labels) + " |")
