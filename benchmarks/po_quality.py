@@ -233,11 +233,11 @@ def print_tables(results: dict, args: argparse.Namespace) -> None:
             "BLEU / chrF against the human translations (untranslated = empty)",
             lambda r: f"{r['bleu']} / {r['chrf']} ({r['scored']:,})",
         ),
+        ("... on the entries both runs wrote", lambda r: f"{r['common_bleu']} / {r['common_chrf']} ({r['common']:,})"),
         (
             "plural entries filled (every form)",
             lambda r: percent(r.get("plural_filled", 0), r.get("plural_entries", 0)),
         ),
-        ("... on the entries both runs wrote", lambda r: f"{r['common_bleu']} / {r['common_chrf']} ({r['common']:,})"),
     ]
     for title, cell in rows:
         print(f"| {title} | " + " | ".join(cell(results[label]) for label in labels) + " |")
