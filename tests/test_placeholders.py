@@ -67,6 +67,14 @@ def test_restore_refuses_directive_the_model_wrote():
     assert restore("50 % der {0}", protect("Half of %s", C)) is None
 
 
+def test_restore_refuses_stray_percent_or_brace_under_a_format_flag():
+    assert restore("{0} zu 100 %", protect("%s at 100%%", C)) is None  # msgfmt: incomplete directive
+    assert restore("{0} zu 100 {1}", protect("%s at 100%%", C)) == "%s zu 100 %%"
+    assert restore("{0} {x", protect("{0} of", ("python-brace-format",))) is None
+    assert restore("{0} zu 100 %", protect("%s at 100", ())) == "%s zu 100 %"  # no flag: msgfmt does not check
+    assert restore("Kann { 0 } öffnen", protect("Open %s", C)) == "Kann %s öffnen"
+
+
 def test_reordered_printf_becomes_positional_under_c_format_only():
     assert restore("{1} Dateien in {0}", protect("In %s: %d files", C)) == "%2$d Dateien in %1$s"
     assert restore("{1} Dateien in {0}", protect("In %s: %d files", ("python-format",))) is None

@@ -54,6 +54,8 @@ BREAK = r"[\n\t\r]+"  # newlines and tabs inside a message: the model was traine
 
 STYLES = ("brace", "percent", "none")
 TOKEN_PATTERNS = {"brace": r"\{(\d+)\}", "percent": r"%(\d+)"}
+# What restore accepts back: a model may space a brace token out ("{ 0 }").
+OUTPUT_PATTERNS = {"brace": r"\{ ?(\d+) ?\}", "percent": r"%(\d+)"}
 
 
 def token_text(style: str, index: int) -> str:
@@ -256,7 +258,7 @@ def restore(translation: str, protected: Protected) -> str | None:
         if order is None:
             return None
     else:
-        found = [(m.start(), m.end(), int(m.group(1))) for m in re.finditer(TOKEN_PATTERNS[protected.style], text)]
+        found = [(m.start(), m.end(), int(m.group(1))) for m in re.finditer(OUTPUT_PATTERNS[protected.style], text)]
         offset = 0 if protected.style == "brace" else 1
         indices = [index - offset for _, _, index in found]
         if sorted(indices) != list(range(len(spans))):
@@ -283,7 +285,23 @@ def restore(translation: str, protected: Protected) -> str | None:
     result = protected.prefix + restored + protected.suffix
     if not same_placeholders(protected.source, result, protected.flags):
         return None  # the model wrote a directive of its own (e.g. "50 % der" is "% d")
+    if has_stray_syntax(result, protected.flags):
+        return None
     return result
+
+
+def has_stray_syntax(text: str, flags: Sequence[str]) -> bool:
+    """A `%` (printf, Python %) or a brace (python-brace-format) outside every placeholder: msgfmt rejects the string
+    ("100 %" ends in an incomplete directive) even though no placeholder was lost."""
+    rest, last = [], 0
+    for span in find_spans(text, flags, "none"):
+        rest.append(text[last : span.start])
+        last = span.end
+    rest.append(text[last:])
+    rest = "".join(rest)
+    if {"c-format", "python-format", "objc-format", "gcc-internal-format"} & set(flags) and "%" in rest:
+        return True
+    return "python-brace-format" in flags and ("{" in rest or "}" in rest)
 
 
 def order_of_verbatim(text: str, protected: Protected) -> list[int] | None:
