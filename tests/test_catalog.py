@@ -216,6 +216,13 @@ def test_reads_mo(pot, tmp_path):
     loaded = load_catalog(mo)
     assert isinstance(loaded, polib.MOFile)
     assert any(entry.msgid == "Open %s" for entry in loaded)
+    report = pretranslate(loaded, mo, german, "de", overwrite=True)
+    assert report.candidates == report.translated + report.copied > 0
+    write_catalog(loaded, tmp_path / "from-mo.po")
+    again = polib.pofile(str(tmp_path / "from-mo.po"))
+    assert again.metadata["Language"] == "de" and any(e.msgstr == "Fertig" for e in again)
+    with pytest.raises(CatalogError, match="give it a .po name"):
+        check_output_path(mo, tmp_path / "out.mo", in_place=False)
 
 
 def test_output_path_checks(pot, tmp_path):

@@ -220,8 +220,8 @@ def is_untranslated(entry) -> bool:
 
 def check_output_path(input_path: Path, output_path: Path, in_place: bool) -> None:
     """The output must be a .po in an existing folder, and the input itself only with in_place."""
-    if output_path.suffix not in (".po", ".pot") and not in_place:
-        raise CatalogError(f"{output_path}: the output is a .po catalog; give it a .po name")
+    if output_path.suffix == ".mo":
+        raise CatalogError(f"{output_path}: the output is a .po catalog; give it a .po name (msgfmt compiles it)")
     if not output_path.parent.is_dir():
         raise CatalogError(f"{output_path}: the folder {output_path.parent} does not exist; create it first")
     same = output_path.exists() and output_path.resolve() == input_path.resolve()
