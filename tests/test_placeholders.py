@@ -146,7 +146,7 @@ def test_translate_protected_batches_and_copies_placeholder_only():
     results = translate_protected(model, ["Open %s", "%s", "%d files"], [C, C, C], batch_size=8)
     assert [r.translation for r in results] == ["Öffnen %s", "%s", "%d Dateien"]
     assert [r.status for r in results] == ["translated", "copied", "translated"]
-    assert calls == [["Open {0}", "{0} files"]]
+    assert calls == [["Open {0}", "{0} files"]]  # one call, shortest first
 
 
 def test_translate_protected_retries_then_fails_without_writing():

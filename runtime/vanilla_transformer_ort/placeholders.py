@@ -493,13 +493,16 @@ def translate_protected(
 
 
 def run_batches(translate_batch: Callable[[list[str]], list[str]], inputs: list[str], batch_size: int | None):
-    """`translate_batch` over `inputs` in chunks of `batch_size`, checking that each answer has the right length."""
-    outputs: list[str] = []
+    """`translate_batch` over `inputs` in chunks of `batch_size` texts of similar length (less padding), answers in
+    the input order; each answer must have one translation per text."""
+    outputs: list[str] = [""] * len(inputs)
+    order = sorted(range(len(inputs)), key=lambda index: len(inputs[index]))
     size = batch_size or max(len(inputs), 1)
-    for start in range(0, len(inputs), size):
-        chunk = inputs[start : start + size]
-        answer = list(translate_batch(chunk))
-        if len(answer) != len(chunk):
-            raise ValueError(f"translate_batch returned {len(answer)} translations for {len(chunk)} texts")
-        outputs.extend(answer)
+    for start in range(0, len(order), size):
+        indices = order[start : start + size]
+        answer = list(translate_batch([inputs[index] for index in indices]))
+        if len(answer) != len(indices):
+            raise ValueError(f"translate_batch returned {len(answer)} translations for {len(indices)} texts")
+        for index, text in zip(indices, answer, strict=True):
+            outputs[index] = text
     return outputs
