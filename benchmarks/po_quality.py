@@ -14,6 +14,7 @@ repository. Prints three markdown tables: the catalogs, baseline against protect
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -168,7 +169,11 @@ def run(args: argparse.Namespace) -> None:
     from vanilla_transformer_ort.translator import OrtTranslator
 
     translator = OrtTranslator(args.model, provider="cpu", intra_op_num_threads=args.threads)
-    cache: dict[str, str] = {}
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="vt-po-quality-"))
+    work.mkdir(parents=True, exist_ok=True)
+    # Translations are kept in the work folder, so that a rerun (another A/B row) translates only what is new.
+    cache_file = work / f"translations-{Path(args.model).name}-beam{args.num_beams}.json"
+    cache: dict[str, str] = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
     counts = Counter()
 
     def translate_batch(batch: list[str]) -> list[str]:
@@ -181,10 +186,13 @@ def run(args: argparse.Namespace) -> None:
             counts["texts"] += len(chunk)
             for text, out in zip(chunk, translator.translate(chunk, num_beams=args.num_beams), strict=True):
                 cache[text] = out
+            if counts["model_calls"] % 20 == 0:
+                cache_file.write_text(json.dumps(cache, ensure_ascii=False))
+                print(f"  {len(cache):,} texts translated", file=sys.stderr)
+        if missing:
+            cache_file.write_text(json.dumps(cache, ensure_ascii=False))
         return [cache[text] for text in batch]
 
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="vt-po-quality-"))
-    work.mkdir(parents=True, exist_ok=True)
     inputs, references = build_inputs(Path(args.locale_dir), args.target_lang, args.catalogs, work, args.limit)
     print(f"{len(inputs)} catalogs, {len(references)} entries, in {work}", file=sys.stderr)
 
