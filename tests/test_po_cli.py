@@ -147,6 +147,8 @@ def test_output_equal_to_input_needs_in_place(pot, tmp_path, capsys):
     assert status == 2 and "--in_place" in err
     status, err = run_cli(capsys, pot, "--model", tmp_path, "--target_lang", "de")
     assert status == 2 and "no OUTPUT given" in err
+    status, err = run_cli(capsys, pot, "--output", pot, "--model", tmp_path, "--target_lang", "de")
+    assert status == 2 and "--in_place" in err
 
 
 def test_no_language(pot, tmp_path, capsys):

@@ -37,7 +37,8 @@ vt-translate-po po/de.po --in_place --model runs/en-de    # a PyTorch model fold
 def build_parser() -> argparse.ArgumentParser:
     parser = make_parser(PROG, __doc__, EXAMPLE, VERSION)
     parser.add_argument("input", help="catalog to translate: .pot, .po or .mo")
-    parser.add_argument("output", nargs="?", help="the .po to write (omit with --in_place)")
+    parser.add_argument("output", nargs="?", help="the .po to write (or --output; omit with --in_place)")
+    parser.add_argument("--output", dest="output_flag", metavar="OUTPUT", help="the .po to write, as a flag")
     parser.add_argument("--model", required=True, help="ONNX export folder, or a PyTorch model folder (needs torch)")
     parser.add_argument("--target_lang", help="language code for the header (default: the catalog's Language)")
     parser.add_argument("--overwrite", action="store_true", help="retranslate every entry, not only untranslated ones")
@@ -94,6 +95,9 @@ def command(argv: list[str]) -> int:
     """Check everything cheap first (paths, catalog, flags, plural rule), then load the model and translate."""
     args = build_parser().parse_args(argv)
     input_path = Path(args.input)
+    if args.output is not None and args.output_flag is not None and args.output != args.output_flag:
+        raise CatalogError(f"{input_path}: two outputs given ({args.output}, {args.output_flag}); pass one")
+    args.output = args.output or args.output_flag
     if args.output is None and not args.in_place:
         raise CatalogError(f"{input_path}: no OUTPUT given; pass the .po to write, or --in_place to overwrite INPUT")
     output_path = input_path if args.output is None else Path(args.output)
