@@ -280,12 +280,16 @@ def flags_of(arguments: list[str]) -> list[str]:
     return [argument.split("=")[0] for argument in arguments if re.match(r"^--[A-Za-z]", argument)]
 
 
+def console_scripts() -> dict[str, str]:
+    """The vt-* commands as pyproject.toml declares them (an environment's installed metadata can lag behind)."""
+    section = (ROOT / "pyproject.toml").read_text().split("[project.scripts]")[1].split("\n[")[0]
+    return dict(re.findall(r'^(vt-[\w-]+)\s*=\s*"([\w.]+:\w+)"', section, flags=re.M))
+
+
 HELP_DUMPER = """
-import contextlib, io, json, runpy, sys
-from importlib.metadata import entry_points
-scripts = {e.name: e for e in entry_points(group="console_scripts") if e.name.startswith("vt-")}
-out = {}
-for name in sys.argv[1:]:
+import contextlib, importlib, io, json, runpy, sys
+scripts, out = json.loads(sys.argv[1]), {}
+for name in sys.argv[2:]:
     buffer = io.StringIO()
     sys.argv = [name, "--help"]
     try:
@@ -293,7 +297,8 @@ for name in sys.argv[1:]:
             if name.startswith("benchmarks."):
                 runpy.run_module(name, run_name="__main__")
             else:
-                scripts[name].load()()
+                module, function = scripts[name].split(":")
+                getattr(importlib.import_module(module), function)()
     except SystemExit:
         pass
     except Exception as error:
@@ -310,8 +315,8 @@ def help_process():
         {found[0] for block in BASH for tokens in command_lines(block.code) if (found := command_and_flags(tokens))}
     )
     process = subprocess.Popen(
-        [sys.executable, "-c", HELP_DUMPER, *programs], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env={**ENV, "PYTHONPATH": f"{ROOT}:{ROOT / 'runtime'}"},
+        [sys.executable, "-c", HELP_DUMPER, json.dumps(console_scripts()), *programs], cwd=ROOT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**ENV, "PYTHONPATH": f"{ROOT}:{ROOT / 'runtime'}"},
     )  # fmt: skip
     yield process
     process.kill()
