@@ -193,7 +193,7 @@ ROWS = [
      script("scripts/evaluate.py", "--model", "{damaged_dir}", "--test_file", "{data_dir}/test.tsv"),
      ValueError, ["model.safetensors", "damaged or incomplete"]),
     ("translate/missing-input", script("scripts/translate.py", "--model", "{model_dir}", "--input_file", "{tmp}/x"),
-     ScriptExit, ["--input_file", "does not exist"]),
+     ScriptExit, ["--input", "x does not exist"]),  # --input_file is the older spelling of --input
     ("translate/not-utf8-input",
      script("scripts/translate.py", "--model", "{model_dir}", "--input_file", "{latin1_tsv}"),
      ValueError, ["latin1.tsv:3", "not UTF-8"]),
