@@ -105,8 +105,19 @@ def export_model(
     model.config.save_pretrained(output_dir)
     model.generation_config.save_pretrained(output_dir)
     manifest = build_manifest(model.config, output_dir, dtype=dtype, quantize=quantize, opset=opset)
+    manifest.update(_languages(model_dir))
     (output_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def _languages(model_dir: Path) -> dict:
+    """`source_lang` and `target_lang` from the model's `training_info.json` (written by training), if it names them:
+    the translation server reads them to know which pair a folder serves."""
+    path = model_dir / "training_info.json"
+    if not path.is_file():
+        return {}
+    info = json.loads(path.read_text(encoding="utf-8"))
+    return {key: info[key] for key in ("source_lang", "target_lang") if info.get(key)}
 
 
 def build_manifest(config, output_dir: Path, *, dtype: str, quantize: str | None, opset: int) -> dict:

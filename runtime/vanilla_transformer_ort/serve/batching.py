@@ -1,0 +1,291 @@
+"""Cross-request batching: the segments of concurrent requests share onnxruntime batches.
+
+Every request's segments are tokenized on arrival and queued. Whenever a session is idle, the scheduler waits until
+the oldest queued segment has waited `max_wait_ms` (or the queue already fills a batch), then takes a batch: the
+oldest segment first, then the queued segments closest to it in length, until `max_batch_tokens` padded source
+tokens or `max_batch_size` segments. The batch runs in a worker thread that owns one session, so decoding never
+blocks the event loop, and each segment's future receives its translation.
+
+A segment's translation does not depend on its batch: every sentence's beams are searched separately, padding is
+masked, and the exported graphs compute each row from that row alone (fp32; `tests/test_serve.py` checks it for
+every answer under load). Dynamic int8 graphs quantize activations per tensor, with a scale taken over the whole
+batch, so there a batch can move a row's scores by a rounding step: see docs/serving.md for what was measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+
+class QueueFull(Exception):
+    """The queue holds `max_queue` segments already: the caller should answer 429."""
+
+
+class ShuttingDown(Exception):
+    """The scheduler no longer accepts work."""
+
+
+@dataclass
+class BatchStats:
+    """What one batch did, for metrics: segments, padded source tokens, generated tokens, seconds."""
+
+    size: int
+    source_tokens: int
+    generated_tokens: int
+    seconds: float
+
+
+@dataclass
+class _Segment:
+    ids: list[int]
+    request: int
+    future: asyncio.Future
+    arrived: float
+    order: int = field(default=0)
+
+
+class Engine:
+    """One model's sessions and tokenizer, as the scheduler uses them.
+
+    `translators` are `OrtTranslator`s of the same folder (one per worker thread); `options` are generation
+    overrides (`num_beams`, `max_new_tokens`, ...) applied to every batch; `max_source_tokens` cuts over-long
+    segments (the encoder's positional table ends there).
+    """
+
+    def __init__(self, translators: Sequence, options: dict | None = None, max_source_tokens: int | None = None):
+        if not translators:
+            raise ValueError("an Engine needs at least one translator")
+        self.translators = list(translators)
+        self.options = {k: v for k, v in (options or {}).items() if v is not None}
+        first = self.translators[0]
+        self.tokenizer = first.tokenizer
+        self.pad_id = first.settings.pad_token_id or 0
+        self.eos_ids = list(first.settings.eos_token_ids)
+        self.max_source_tokens = max_source_tokens or first.config.get("max_position_embeddings")
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, EOS kept, cut to `max_source_tokens` (the last kept token is then EOS)."""
+        encoded = [list(e.ids) for e in self.tokenizer.encode_batch(texts)]
+        limit = self.max_source_tokens
+        if limit:
+            for row, ids in enumerate(encoded):
+                if len(ids) > limit:
+                    logger.warning("A segment of %d tokens was cut to %d", len(ids), limit)
+                    keep = ids[: limit - 1] + (
+                        [ids[-1]] if ids and ids[-1] in self.eos_ids else ids[limit - 1 : limit]
+                    )
+                    encoded[row] = keep
+        return encoded
+
+    def run(self, worker: int, batch: list[list[int]]) -> tuple[list[str], int]:
+        """Translate token-id rows on session `worker`: (texts, generated tokens). Runs in a worker thread."""
+        longest = max(len(ids) for ids in batch)
+        input_ids = np.full((len(batch), longest), self.pad_id, dtype=np.int64)  # (batch, longest)
+        attention_mask = np.zeros((len(batch), longest), dtype=np.int64)
+        for row, ids in enumerate(batch):
+            input_ids[row, : len(ids)] = ids
+            attention_mask[row, : len(ids)] = 1
+        translator = self.translators[worker]
+        output = translator.generate(input_ids, attention_mask, **self.options)  # (batch, 1 + generated)
+        generated = int(np.isin(output[:, 1:], [self.pad_id], invert=True).sum())
+        texts = self.tokenizer.decode_batch(output.tolist(), skip_special_tokens=True)
+        return [text.strip() for text in texts], generated
+
+
+class BatchScheduler:
+    """Queue, batch and run the segments of one `Engine`, on its sessions, from an asyncio event loop.
+
+    Args:
+        engine: the model's sessions.
+        max_batch_tokens: padded source tokens in one batch (rows x longest row).
+        max_batch_size: segments in one batch.
+        max_wait_ms: how long the oldest queued segment may wait for company before its batch starts.
+        max_queue: queued segments beyond which `submit` raises `QueueFull`.
+        cross_request: False keeps each request's segments in batches of their own (batching off, for comparison).
+        on_batch: called on the event loop with each batch's `BatchStats`.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        max_batch_tokens: int = 4096,
+        max_batch_size: int = 64,
+        max_wait_ms: float = 5.0,
+        max_queue: int = 2048,
+        cross_request: bool = True,
+        on_batch: Callable[[BatchStats], None] | None = None,
+    ):
+        for name, value in (
+            ("max_batch_tokens", max_batch_tokens),
+            ("max_batch_size", max_batch_size),
+            ("max_queue", max_queue),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        self.engine = engine
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_size = max_batch_size
+        self.max_wait = max_wait_ms / 1000
+        self.max_queue = max_queue
+        self.cross_request = cross_request
+        self.on_batch = on_batch
+        self._queue: list[_Segment] = []
+        self._arrival: asyncio.Event | None = None
+        self._idle: asyncio.Queue[int] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._task: asyncio.Task | None = None
+        self._running: set[asyncio.Task] = set()
+        self._requests = itertools.count()
+        self._order = itertools.count()
+        self._closing = False
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def busy_sessions(self) -> int:
+        return len(self._running)
+
+    async def start(self) -> None:
+        """Start the scheduler on the running event loop (one worker thread per session)."""
+        workers = len(self.engine.translators)
+        self._arrival = asyncio.Event()
+        self._idle = asyncio.Queue()
+        for worker in range(workers):
+            self._idle.put_nowait(worker)
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vt-session")
+        self._task = asyncio.create_task(self._schedule(), name="vt-batch-scheduler")
+
+    def submit(self, texts: list[str]) -> list[asyncio.Future]:
+        """Queue one request's segments; returns a future per segment (its translation). Raises `QueueFull` or
+        `ShuttingDown`; nothing is queued then."""
+        if self._closing or self._task is None:
+            raise ShuttingDown("the server is shutting down")
+        if len(self._queue) + len(texts) > self.max_queue:
+            raise QueueFull(f"the queue holds {len(self._queue)} of {self.max_queue} segments; retry shortly")
+        loop = asyncio.get_running_loop()
+        request = next(self._requests)
+        now = time.monotonic()
+        segments = [
+            _Segment(ids, request, loop.create_future(), now, next(self._order))
+            for ids in self.engine.encode(list(texts))
+        ]
+        self._queue.extend(segments)
+        self._arrival.set()
+        return [segment.future for segment in segments]
+
+    async def close(self) -> None:
+        """Refuse new work, finish everything queued and running, then stop the worker threads."""
+        self._closing = True
+        while self._queue or self._running:
+            self._arrival.set()
+            await asyncio.sleep(0.005)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    # -- scheduling -----------------------------------------------------------------------------------------------
+
+    async def _schedule(self) -> None:
+        while True:
+            worker = await self._idle.get()
+            batch = await self._next_batch()
+            task = asyncio.create_task(self._execute(worker, batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _next_batch(self) -> list[_Segment]:
+        """Wait for work, give it `max_wait` to gather company, and take a batch (never empty)."""
+        while True:
+            self._drop_cancelled()
+            if not self._queue:
+                self._arrival.clear()
+                await self._arrival.wait()
+                continue
+            waited = time.monotonic() - self._queue[0].arrived
+            if not self._closing and waited < self.max_wait and not self._batch_is_full():
+                self._arrival.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrival.wait(), self.max_wait - waited)
+                continue
+            batch = self._take_batch()
+            if batch:
+                return batch
+
+    def _drop_cancelled(self) -> None:
+        """Segments whose request went away (timed out, client gone) are not translated."""
+        if any(segment.future.done() for segment in self._queue):
+            self._queue = [segment for segment in self._queue if not segment.future.done()]
+
+    def _candidates(self) -> list[_Segment]:
+        if self.cross_request:
+            return self._queue
+        request = self._queue[0].request
+        return [segment for segment in self._queue if segment.request == request]
+
+    def _batch_is_full(self) -> bool:
+        candidates = self._candidates()
+        if len(candidates) >= self.max_batch_size:
+            return True
+        longest = max(len(segment.ids) for segment in candidates)
+        return len(candidates) * longest >= self.max_batch_tokens
+
+    def _take_batch(self) -> list[_Segment]:
+        """The oldest segment, then the candidates nearest to it in length (older first among equals), within the
+        token and size budgets."""
+        candidates = self._candidates()
+        anchor = candidates[0]
+        others = sorted(candidates[1:], key=lambda s: (abs(len(s.ids) - len(anchor.ids)), s.order))
+        batch, longest = [anchor], len(anchor.ids)
+        for segment in others:
+            if len(batch) >= self.max_batch_size:
+                break
+            width = max(longest, len(segment.ids))
+            if (len(batch) + 1) * width > self.max_batch_tokens:
+                continue
+            batch.append(segment)
+            longest = width
+        taken = {id(segment) for segment in batch}
+        self._queue = [segment for segment in self._queue if id(segment) not in taken]
+        return batch
+
+    async def _execute(self, worker: int, batch: list[_Segment]) -> None:
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        try:
+            texts, generated = await loop.run_in_executor(
+                self._executor, self.engine.run, worker, [segment.ids for segment in batch]
+            )
+        except Exception as error:  # a failing batch fails its requests, never the scheduler
+            logger.exception("A batch of %d segments failed", len(batch))
+            for segment in batch:
+                if not segment.future.done():
+                    segment.future.set_exception(error)
+        else:
+            for segment, text in zip(batch, texts, strict=True):
+                if not segment.future.done():  # its request may have gone away meanwhile
+                    segment.future.set_result(text)
+            if self.on_batch is not None:
+                longest = max(len(segment.ids) for segment in batch)
+                self.on_batch(BatchStats(len(batch), len(batch) * longest, generated, time.perf_counter() - started))
+        finally:
+            self._idle.put_nowait(worker)

@@ -1,0 +1,227 @@
+"""The translation service behind the HTTP API: the served pairs, their batch schedulers and the metrics.
+
+`TranslationService` is independent of the web framework: the FastAPI app (`app.py`) and the Ray Serve deployment
+(`ray_serve.py`) both call `translate`. A request's texts are cut into segments (`text.py`), identical segments of
+one request are translated once, every segment goes through its pair's `BatchScheduler`, and the translations are
+put back between the copied pieces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .batching import BatchScheduler, BatchStats, Engine, QueueFull, ShuttingDown
+from .models import ModelSpec, language_name
+from .settings import ServeSettings
+from .text import join, split
+
+logger = logging.getLogger(__name__)
+
+
+class RequestError(Exception):
+    """A client error: `status` and a one-line message, answered as LibreTranslate does (`{"error": message}`)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class ServedPair:
+    spec: ModelSpec
+    engine: Engine
+    scheduler: BatchScheduler
+
+
+class Metrics:
+    """Prometheus metrics in a registry of their own (several apps can live in one process, as in tests)."""
+
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "vt_requests", "HTTP requests by endpoint and status.", ["endpoint", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "vt_request_duration_seconds",
+            "Time from a request's arrival to its answer.",
+            ["endpoint"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.batch_size = Histogram(
+            "vt_batch_size",
+            "Segments in each onnxruntime batch.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=self.registry,
+        )
+        self.batch_seconds = Histogram(
+            "vt_batch_duration_seconds",
+            "Decoding time of each batch.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.segments = Counter("vt_segments_translated", "Segments translated.", registry=self.registry)
+        self.tokens = Counter(
+            "vt_generated_tokens", "Target tokens generated (rate() gives tokens/s).", registry=self.registry
+        )
+        self.tokens_per_second = Gauge(
+            "vt_batch_tokens_per_second", "Generated tokens per second of the latest batch.", registry=self.registry
+        )
+        self.queue_depth = Gauge("vt_queue_depth", "Segments waiting for a batch, all pairs.", registry=self.registry)
+        self.busy_sessions = Gauge("vt_busy_sessions", "Sessions running a batch, all pairs.", registry=self.registry)
+
+    def observe_batch(self, stats: BatchStats) -> None:
+        self.batch_size.observe(stats.size)
+        self.batch_seconds.observe(stats.seconds)
+        self.segments.inc(stats.size)
+        self.tokens.inc(stats.generated_tokens)
+        if stats.seconds > 0:
+            self.tokens_per_second.set(stats.generated_tokens / stats.seconds)
+
+
+def load_translators(spec: ModelSpec, settings: ServeSettings) -> list:
+    """`settings.sessions` OrtTranslators of the folder, each on `settings.threads_per_session` threads."""
+    from ..translator import OrtTranslator
+
+    return [
+        OrtTranslator(spec.folder, provider=settings.provider, intra_op_num_threads=settings.threads_per_session)
+        for _ in range(settings.sessions)
+    ]
+
+
+class TranslationService:
+    """The served pairs and everything a request needs; `start` and `close` run on the serving event loop.
+
+    Args:
+        specs: the pairs to serve.
+        settings: limits, batching and sessions.
+        load: builds a pair's translators (default `load_translators`; tests pass their own).
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[ModelSpec],
+        settings: ServeSettings,
+        load: Callable[[ModelSpec, ServeSettings], list] = load_translators,
+    ):
+        if not specs:
+            raise ValueError("no model to serve: pass at least one export folder")
+        self.specs = list(specs)
+        self.settings = settings
+        self.load = load
+        self.metrics = Metrics()
+        self.pairs: dict[tuple[str, str], ServedPair] = {}
+        self.ready = False
+        self.draining = False
+
+    # -- life cycle ---------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load every pair's sessions (in a thread: the event loop keeps answering /health) and start batching."""
+        for spec in self.specs:
+            translators = await asyncio.to_thread(self.load, spec, self.settings)
+            options = {"num_beams": self.settings.num_beams, "max_new_tokens": self.settings.max_new_tokens}
+            engine = Engine(translators, options)
+            scheduler = BatchScheduler(
+                engine,
+                max_batch_tokens=self.settings.max_batch_tokens,
+                max_batch_size=self.settings.max_batch_size,
+                max_wait_ms=self.settings.max_wait_ms,
+                max_queue=self.settings.max_queue,
+                cross_request=self.settings.batching,
+                on_batch=self.metrics.observe_batch,
+            )
+            await scheduler.start()
+            self.pairs[(spec.source, spec.target)] = ServedPair(spec, engine, scheduler)
+            logger.info(
+                "Serving %s from %s (%d session(s) x %d thread(s))",
+                spec.pair,
+                spec.folder,
+                len(translators),
+                self.settings.threads_per_session,
+            )
+        self.ready = True
+
+    def begin_draining(self) -> None:
+        """Refuse new translations from now on (SIGTERM); what is queued or running still completes."""
+        self.draining = True
+
+    async def close(self) -> None:
+        """Finish every queued and running batch, then stop the workers."""
+        self.draining = True
+        self.ready = False
+        await asyncio.gather(*(pair.scheduler.close() for pair in self.pairs.values()))
+
+    def update_gauges(self) -> None:
+        self.metrics.queue_depth.set(sum(p.scheduler.queue_depth for p in self.pairs.values()))
+        self.metrics.busy_sessions.set(sum(p.scheduler.busy_sessions for p in self.pairs.values()))
+
+    # -- languages ----------------------------------------------------------------------------------------------
+
+    def languages(self) -> list[dict]:
+        """LibreTranslate's `/languages`: every served language with the targets it translates into."""
+        targets: dict[str, list[str]] = {}
+        for spec in self.specs:
+            targets.setdefault(spec.source, []).append(spec.target)
+            targets.setdefault(spec.target, [])
+        return [{"code": code, "name": language_name(code), "targets": sorted(targets[code])} for code in targets]
+
+    def resolve_pair(self, source: str, target: str) -> tuple[str, bool]:
+        """(source code, whether it was resolved from "auto"); RequestError 400 for an unknown pair."""
+        served = ", ".join(spec.pair for spec in self.specs)
+        if source == "auto":
+            sources = sorted({spec.source for spec in self.specs if spec.target == target})
+            if len(sources) == 1:
+                return sources[0], True
+            if not sources:
+                raise RequestError(400, f"target {target!r} is not served; served pairs: {served}")
+            raise RequestError(
+                400, f"source 'auto' is ambiguous for target {target!r} (served from {', '.join(sources)}); name it"
+            )
+        if (source, target) not in {(spec.source, spec.target) for spec in self.specs}:
+            raise RequestError(400, f"{source}-{target} is not served; served pairs: {served}")
+        return source, False
+
+    # -- translation --------------------------------------------------------------------------------------------
+
+    async def translate(self, texts: list[str], source: str, target: str, text_format: str) -> list[str]:
+        """Translate `texts` (already validated) from `source` to `target`; `text_format` is "text" or "html"."""
+        if self.draining:
+            raise RequestError(503, "the server is shutting down; retry on another instance")
+        if not self.ready:
+            raise RequestError(503, "the models are still loading; retry shortly")
+        pair = self.pairs[(source, target)]
+        cut = [split(text, text_format) for text in texts]
+        segments = list(dict.fromkeys(piece.text for pieces in cut for piece in pieces if piece.translate))
+        if not segments:
+            return [join(pieces, []) for pieces in cut]
+        try:
+            futures = pair.scheduler.submit(segments)
+        except QueueFull as error:
+            raise RequestError(429, f"too many requests are waiting ({error}); slow down") from None
+        except ShuttingDown:
+            raise RequestError(503, "the server is shutting down; retry on another instance") from None
+        self.update_gauges()
+        started = time.monotonic()
+        try:
+            translations = await asyncio.wait_for(asyncio.gather(*futures), self.settings.request_timeout)
+        except TimeoutError:
+            raise RequestError(
+                503,
+                f"no translation within {self.settings.request_timeout:g} s (the server is overloaded); "
+                "retry later or send fewer texts",
+            ) from None
+        finally:
+            for future in futures:  # a request that goes away takes its queued segments with it
+                future.cancel()
+            self.update_gauges()
+        logger.debug("%d segments in %.3f s", len(segments), time.monotonic() - started)
+        by_segment = dict(zip(segments, translations, strict=True))
+        return [join(pieces, [by_segment[p.text] for p in pieces if p.translate]) for pieces in cut]

@@ -1,0 +1,74 @@
+"""The server's settings: limits, batching and sessions, each a `vt-serve` flag of the same name."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (the affinity mask where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+@dataclass
+class ServeSettings:
+    """What `create_app` needs besides the models.
+
+    Limits answer LibreTranslate's statuses: a text over `char_limit` characters is a 400, more than `max_texts`
+    texts or a body over `max_body_bytes` a 413, a full queue (`max_queue` segments waiting) a 429, a request not
+    answered within `request_timeout` seconds a 503. `sessions` onnxruntime sessions per model run batches side by
+    side, each on `threads` intra-op threads (default: the usable cores shared out among the sessions).
+    """
+
+    char_limit: int = 5000
+    max_texts: int = 1000
+    max_body_bytes: int = 2 * 1024 * 1024
+    max_queue: int = 4096
+    request_timeout: float = 30.0
+    max_batch_tokens: int = 4096
+    max_batch_size: int = 64
+    max_wait_ms: float = 5.0
+    batching: bool = True
+    sessions: int = 1
+    threads: int | None = None
+    num_beams: int | None = None
+    max_new_tokens: int | None = None
+    provider: str = "cpu"
+    api_keys: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        positive = ("char_limit", "max_texts", "max_body_bytes", "max_queue", "max_batch_tokens", "max_batch_size")
+        for name in (*positive, "sessions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.request_timeout <= 0:
+            raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
+        if self.max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.num_beams is not None and self.num_beams < 1:
+            raise ValueError(f"num_beams must be >= 1, got {self.num_beams}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def threads_per_session(self) -> int:
+        return self.threads or max(1, usable_cores() // self.sessions)
+
+
+def read_api_keys(path: str | os.PathLike) -> frozenset[str]:
+    """One key a line; blank lines and lines starting with # are skipped. ValueError for a missing or empty file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"API key file {path} does not exist")
+    keys = {line.strip() for line in path.read_text(encoding="utf-8").splitlines()}
+    keys = frozenset(key for key in keys if key and not key.startswith("#"))
+    if not keys:
+        raise ValueError(f"API key file {path} holds no key (one key a line)")
+    return keys

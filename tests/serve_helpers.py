@@ -1,0 +1,111 @@
+"""A live `vt-serve` for tests: the tiny ONNX export served by uvicorn on a free loopback port, in a thread of the test
+process or in a subprocess (for signals), and a translator wrapper that makes batches slow on purpose."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.onnx_helpers import trained_export_dir
+from vanilla_transformer_ort.serve.app import create_app
+from vanilla_transformer_ort.serve.models import parse_model_spec
+from vanilla_transformer_ort.serve.service import TranslationService, load_translators
+from vanilla_transformer_ort.serve.settings import ServeSettings
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def tiny_spec():
+    return parse_model_spec(f"en-de={trained_export_dir()}")
+
+
+class SlowTranslator:
+    """An `OrtTranslator` whose every batch takes at least `delay` seconds more (sleeping releases the GIL, like
+    onnxruntime's kernels do): makes queues, timeouts and in-flight requests observable."""
+
+    def __init__(self, translator, delay: float):
+        self._translator = translator
+        self.delay = delay
+        self.batches: list[int] = []
+
+    def __getattr__(self, name):
+        return getattr(self._translator, name)
+
+    def generate(self, input_ids, attention_mask=None, **options):
+        self.batches.append(len(input_ids))
+        time.sleep(self.delay)
+        return self._translator.generate(input_ids, attention_mask, **options)
+
+
+def slow_loader(delay: float):
+    def load(spec, settings):
+        return [SlowTranslator(t, delay) for t in load_translators(spec, settings)]
+
+    return load
+
+
+def make_service(delay: float | None = None, **settings) -> TranslationService:
+    settings = {"threads": 1, **settings}
+    load = slow_loader(delay) if delay else load_translators
+    return TranslationService([tiny_spec()], ServeSettings(**settings), load=load)
+
+
+@contextlib.contextmanager
+def live_server(service: TranslationService):
+    """uvicorn serving `service` in a thread; yields the base URL."""
+    import uvicorn
+
+    port = free_port()
+    config = uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def wait_ready(url: str, timeout: float = 60.0, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the server exited with status {process.returncode}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not become ready in {timeout} s")
+
+
+def serve_process(*args: str) -> tuple[subprocess.Popen, str]:
+    """`python -m vanilla_transformer_ort.serve ARGS --port P` as a subprocess; (process, base URL)."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vanilla_transformer_ort.serve", *args, "--port", str(port), "--threads", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    return process, f"http://127.0.0.1:{port}"

@@ -1,0 +1,443 @@
+"""`vt-serve`: LibreTranslate's API on the tiny export, batching across requests checked against single-request
+translations by `OrtTranslator` (the oracle), every documented error, limits, API keys, metrics, shutdown, a real
+LibreTranslate client (libretranslatepy) and an OpenAPI fuzzer (schemathesis) against a live server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.onnx_helpers import SENTENCES, trained_export_dir
+from tests.serve_helpers import live_server, make_service, serve_process, wait_ready
+from vanilla_transformer_ort import OrtTranslator
+from vanilla_transformer_ort.serve.app import create_app
+
+# Texts for the load test: the tiny vocabulary, varied lengths, repeats, spaces and line breaks.
+LOAD_TEXTS = [*SENTENCES, "a", "b c", "x y z 1 2", "k l m n o p", "  d e  ", "f g\nh i", "3 4 5 6", "a b c d"]
+
+
+@pytest.fixture(scope="module")
+def oracle() -> OrtTranslator:
+    return OrtTranslator(trained_export_dir(), provider="cpu", intra_op_num_threads=1)
+
+
+def single(oracle: OrtTranslator, text: str) -> str:
+    """The oracle's translation of one text alone, cut into lines as the server cuts it."""
+    lines = text.split("\n")
+    return "\n".join(
+        line[: len(line) - len(line.lstrip())]
+        + oracle.translate([line.strip()])[0].strip()
+        + line[len(line.rstrip()) :]
+        if line.strip()
+        else line
+        for line in lines
+    )
+
+
+def run_app(service, scenario):
+    """Run `scenario(client)` against the app in this process (lifespan included)."""
+    app = create_app(service)
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://serve.test", timeout=60) as client:
+                return await scenario(client)
+
+    return asyncio.run(main())
+
+
+def post(client, **fields):
+    return client.post("/translate", json={"source": "en", "target": "de", **fields})
+
+
+# -- the API ---------------------------------------------------------------------------------------------------
+
+
+def test_json_form_string_and_list(oracle):
+    async def scenario(client):
+        as_json = await post(client, q="a b c")
+        as_form = await client.post("/translate", data={"q": "a b c", "source": "en", "target": "de"})
+        as_list = await post(client, q=SENTENCES)
+        empty_list = await post(client, q=[])
+        return as_json, as_form, as_list, empty_list
+
+    as_json, as_form, as_list, empty_list = run_app(make_service(), scenario)
+    assert as_json.status_code == as_form.status_code == as_list.status_code == 200
+    assert as_json.json() == as_form.json() == {"translatedText": single(oracle, "a b c")}
+    assert as_list.json() == {"translatedText": [single(oracle, s) for s in SENTENCES]}
+    assert empty_list.json() == {"translatedText": []}
+
+
+def test_auto_source_languages_and_alternatives():
+    async def scenario(client):
+        auto = await post(client, q=["a b", "c"], source="auto")
+        languages = await client.get("/languages")
+        alternatives = await post(client, q="a", alternatives=3)
+        return auto, languages, alternatives
+
+    auto, languages, alternatives = run_app(make_service(), scenario)
+    assert auto.json()["detectedLanguage"] == [{"confidence": 100.0, "language": "en"}] * 2
+    assert languages.json() == [
+        {"code": "en", "name": "English", "targets": ["de"]},
+        {"code": "de", "name": "German", "targets": []},
+    ]
+    assert alternatives.json()["alternatives"] == []
+
+
+def test_empty_text_spaces_and_lines_are_kept(oracle):
+    texts = ["", "   ", "a b\n\n  c d \n", "\r\nz\r\n"]
+
+    async def scenario(client):
+        return await post(client, q=texts)
+
+    answer = run_app(make_service(), scenario).json()["translatedText"]
+    assert answer[:2] == ["", "   "]
+    assert answer[2] == f"{single(oracle, 'a b')}\n\n  {single(oracle, 'c d')} \n"
+    assert answer[3] == f"\r\n{single(oracle, 'z')}\r\n"
+
+
+def test_html_keeps_tags_entities_and_code(oracle):
+    html = '<p class="x">a b</p> &amp; <b>c</b><code>q r</code><!-- z --><br/>'
+
+    async def scenario(client):
+        return await post(client, q=html, format="html")
+
+    answer = run_app(make_service(), scenario).json()["translatedText"]
+    a_b, c = single(oracle, "a b"), single(oracle, "c")
+    assert answer == f'<p class="x">{a_b}</p> &amp; <b>{c}</b><code>q r</code><!-- z --><br/>'
+
+
+# -- batching --------------------------------------------------------------------------------------------------
+
+
+def test_concurrent_answers_equal_single_request_translations(oracle):
+    """40 clients at once, each text as its own request and a few as lists: every answer equals the oracle's
+    translation of that text alone, and the requests really were batched together."""
+    requests = [[text] for text in LOAD_TEXTS * 2] + [LOAD_TEXTS[i : i + 3] for i in range(0, len(LOAD_TEXTS), 3)]
+    service = make_service(max_wait_ms=20)
+
+    async def scenario(client):
+        answers = await asyncio.gather(*(post(client, q=texts) for texts in requests))
+        metrics = (await client.get("/metrics")).text
+        return answers, metrics
+
+    answers, metrics = run_app(service, scenario)
+    for texts, answer in zip(requests, answers, strict=True):
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["translatedText"] == [single(oracle, t) for t in texts]
+    count = _metric(metrics, "vt_batch_size_count")
+    segments = _metric(metrics, "vt_segments_translated_total")
+    assert count < segments / 4, (count, segments)  # batches held several requests' segments
+
+
+def test_batching_off_keeps_requests_apart():
+    service = make_service(delay=0.05, batching=False, max_wait_ms=20)
+
+    async def scenario(client):
+        return await asyncio.gather(*(post(client, q=text) for text in LOAD_TEXTS[:6]))
+
+    answers = run_app(service, scenario)
+    assert all(answer.status_code == 200 for answer in answers)
+    batches = service.pairs[("en", "de")].engine.translators[0].batches
+    assert batches == [1] * 6
+
+
+def test_health_answers_fast_while_saturated():
+    """Decoding runs in worker threads: the event loop answers /health within 50 ms under load."""
+    service = make_service(delay=0.2, max_batch_size=2)
+
+    async def scenario(client):
+        load = [asyncio.create_task(post(client, q=text)) for text in LOAD_TEXTS]
+        await asyncio.sleep(0.1)
+        timings = []
+        for _ in range(5):
+            started = time.perf_counter()
+            health = await client.get("/health")
+            timings.append(time.perf_counter() - started)
+            assert health.json() == {"status": "ok"}
+            await asyncio.sleep(0.05)
+        metrics = (await client.get("/metrics")).text
+        await asyncio.gather(*load)
+        return timings, metrics
+
+    timings, metrics = run_app(service, scenario)
+    assert max(timings) < 0.05, timings
+    assert _metric(metrics, "vt_queue_depth") > 0  # the server was saturated while /health answered
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in metrics")
+
+
+def test_metrics_are_prometheus_text():
+    async def scenario(client):
+        await post(client, q="a b")
+        await post(client, q=3)
+        return await client.get("/metrics")
+
+    metrics = run_app(make_service(), scenario)
+    assert metrics.headers["content-type"].startswith("text/plain")
+    text = metrics.text
+    assert 'vt_requests_total{endpoint="/translate",status="200"} 1.0' in text
+    assert 'vt_requests_total{endpoint="/translate",status="400"} 1.0' in text
+    for name in ("vt_request_duration_seconds_bucket", "vt_batch_size_bucket", "vt_generated_tokens_total"):
+        assert name in text
+    assert _metric(text, "vt_queue_depth") == 0
+
+
+# -- bad input: each gives its status and a one-line error, and the server keeps serving -------------------------
+
+
+BAD_REQUESTS = {
+    "empty body": (dict(content=b"", headers={"content-type": "application/json"}), 400, "not valid JSON"),
+    "no body": (dict(), 400, "no body"),
+    "wrong content type": (dict(content=b"q=a", headers={"content-type": "text/plain"}), 400, "content type"),
+    "JSON not an object": (dict(json=["a"]), 400, "must be an object"),
+    "q missing": (dict(json={"source": "en", "target": "de"}), 400, "missing q"),
+    "q a number": (dict(json={"q": 3, "source": "en", "target": "de"}), 400, "string or a list"),
+    "list with a non-string": (dict(json={"q": ["a", None], "source": "en", "target": "de"}), 400, "q[1]"),
+    "1 MB of text": (dict(json={"q": "a " * 500_000, "source": "en", "target": "de"}), 400, "characters"),
+    "10,000 texts": (dict(json={"q": ["a"] * 10_000, "source": "en", "target": "de"}), 413, "limit is 1000"),
+    "body over the byte limit": (dict(json={"q": ["a b"] * 999, "source": "en" * 1_100_000}), 413, "bytes"),
+    "unknown source": (dict(json={"q": "a", "source": "xx", "target": "de"}), 400, "xx-de is not served"),
+    "unknown target": (dict(json={"q": "a", "source": "en", "target": "fr"}), 400, "not served"),
+    "auto to unknown target": (dict(json={"q": "a", "source": "auto", "target": "fr"}), 400, "not served"),
+    "format markdown": (dict(json={"q": "a", "source": "en", "target": "de", "format": "md"}), 400, "format"),
+    "invalid UTF-8": (dict(content=b'{"q": "\xff"}', headers={"content-type": "application/json"}), 400, "UTF-8"),
+    "invalid UTF-8 form": (
+        dict(content=b"q=%FF&source=en&target=de", headers={"content-type": "application/x-www-form-urlencoded"}),
+        400,
+        "UTF-8",
+    ),
+    "bad alternatives": (dict(json={"q": "a", "source": "en", "target": "de", "alternatives": "x"}), 400, "alt"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_bad_input_gets_its_status_and_one_line(case):
+    kwargs, status, words = BAD_REQUESTS[case]
+
+    async def scenario(client):
+        bad = await client.post("/translate", **kwargs)
+        good = await post(client, q="a b")
+        return bad, good
+
+    bad, good = run_app(make_service(), scenario)
+    assert bad.status_code == status, bad.text
+    error = bad.json()["error"]
+    assert words in error and "\n" not in error and "Traceback" not in error
+    assert good.status_code == 200
+
+
+def test_malformed_html_is_translated_not_refused(oracle):
+    async def scenario(client):
+        return await post(client, q="<p <b>a b</i> & <", format="html")
+
+    answer = run_app(make_service(), scenario)
+    assert answer.status_code == 200
+    assert answer.json()["translatedText"].startswith("<p <b>")
+
+
+def test_unknown_paths_and_methods_answer_json_errors():
+    async def scenario(client):
+        return await client.get("/nope"), await client.get("/translate")
+
+    missing, method = run_app(make_service(), scenario)
+    assert (missing.status_code, method.status_code) == (404, 405)
+    assert "error" in missing.json() and "error" in method.json()
+
+
+def test_api_keys(tmp_path):
+    async def scenario(client):
+        return (
+            await post(client, q="a"),
+            await post(client, q="a", api_key="wrong"),
+            await post(client, q="a", api_key="k2"),
+            await client.post("/translate", data={"q": "a", "source": "en", "target": "de", "api_key": "k1"}),
+        )
+
+    none, wrong, right, form = run_app(make_service(api_keys=frozenset({"k1", "k2"})), scenario)
+    assert (none.status_code, wrong.status_code) == (403, 403)
+    assert "API key" in none.json()["error"] and wrong.json()["error"] == "Invalid API key"
+    assert right.status_code == form.status_code == 200
+
+
+def test_full_queue_answers_429_and_timeout_503():
+    service = make_service(delay=0.3, max_queue=2, max_batch_size=1, request_timeout=0.5)
+
+    async def scenario(client):
+        first = asyncio.create_task(post(client, q="a"))  # running at once
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(post(client, q=["c", "d"]))  # queued behind the first
+        await asyncio.sleep(0.05)
+        full = await post(client, q=["e", "f", "g"])
+        return full, await first, await second
+
+    full, first, second = run_app(service, scenario)
+    assert full.status_code == 429 and full.headers["retry-after"] == "1"
+    assert first.status_code == 200  # 0.3 s; the second needs 0.9 s
+    assert second.status_code == 503 and "within 0.5 s" in second.json()["error"]
+
+
+def test_a_client_that_goes_away_leaves_the_batch_to_the_others(oracle):
+    service = make_service(delay=0.2, max_wait_ms=30)
+
+    async def scenario(client):
+        leaving = asyncio.create_task(post(client, q="a b c"))
+        staying = asyncio.create_task(post(client, q="a b"))
+        await asyncio.sleep(0.05)  # both queued or in the same batch
+        leaving.cancel()
+        answer = await staying
+        after = await post(client, q="c")
+        return answer, after
+
+    answer, after = run_app(service, scenario)
+    assert answer.json()["translatedText"] == single(oracle, "a b")
+    assert after.json()["translatedText"] == single(oracle, "c")
+
+
+def test_requests_during_shutdown_are_refused_and_accepted_ones_finish(oracle):
+    service = make_service(delay=0.3)
+
+    async def scenario(client):
+        accepted = asyncio.create_task(post(client, q="a b"))
+        await asyncio.sleep(0.05)
+        service.begin_draining()
+        refused = await post(client, q="c")
+        ready = await client.get("/ready")
+        return await accepted, refused, ready
+
+    accepted, refused, ready = run_app(service, scenario)
+    assert accepted.json()["translatedText"] == single(oracle, "a b")
+    assert refused.status_code == 503 and "shutting down" in refused.json()["error"]
+    assert ready.status_code == 503
+
+
+# -- the command and a live server ------------------------------------------------------------------------------
+
+
+def test_a_folder_that_is_not_an_export_stops_the_server(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    process, _ = serve_process(f"en-de={tmp_path}")
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 2
+    assert stderr.strip().count("\n") == 0 and str(tmp_path) in stderr and "encoder_model.onnx" in stderr
+
+
+def test_folder_without_languages_asks_for_the_pair(tmp_path):
+    process, _ = serve_process(str(trained_export_dir()))
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 2 and "en-de=" in stderr
+
+
+def test_sigterm_finishes_accepted_requests_and_refuses_new_ones(oracle):
+    """A live server in a subprocess: a request in flight when SIGTERM arrives still gets its translation; then the
+    port refuses connections and the process ends (uvicorn re-raises SIGTERM once it has shut down cleanly)."""
+    process, url = serve_process(f"en-de={trained_export_dir()}", "--max_wait_ms", "300")
+    try:
+        wait_ready(url, process=process)
+
+        async def scenario():
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                in_flight = asyncio.create_task(
+                    client.post("/translate", json={"q": SENTENCES, "source": "en", "target": "de"})
+                )
+                await asyncio.sleep(0.1)  # accepted, waiting for its batch
+                process.send_signal(signal.SIGTERM)
+                return await in_flight
+
+        answer = asyncio.run(scenario())
+        assert answer.status_code == 200
+        assert answer.json()["translatedText"] == [single(oracle, s) for s in SENTENCES]
+        assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{url}/health", timeout=2)
+        logs = process.stderr.read()
+        access = [json.loads(line.split(": ", 1)[1]) for line in logs.splitlines() if ".serve.access: " in line]
+        assert any(entry["path"] == "/translate" and entry["status"] == 200 for entry in access), logs
+    finally:
+        process.kill()
+
+
+def test_libretranslatepy_client_unmodified(oracle):
+    from libretranslatepy import LibreTranslateAPI
+
+    with live_server(make_service()) as url:
+        client = LibreTranslateAPI(url)
+        assert client.translate("a b c", "en", "de") == single(oracle, "a b c")
+        assert client.translate("q r s t", "auto", "de") == single(oracle, "q r s t")
+        assert [language["code"] for language in client.languages()] == ["en", "de"]
+
+
+def test_libretranslatepy_with_api_key(oracle):
+    from urllib.error import HTTPError
+
+    from libretranslatepy import LibreTranslateAPI
+
+    with live_server(make_service(api_keys=frozenset({"secret"}))) as url:
+        assert LibreTranslateAPI(url, api_key="secret").translate("a b c", "en", "de") == single(oracle, "a b c")
+        with pytest.raises(HTTPError) as refused:
+            LibreTranslateAPI(url, api_key="nope").translate("a", "en", "de")
+        assert refused.value.code == 403
+
+
+def test_openapi_fuzzing_finds_no_server_error_and_no_schema_violation():
+    """schemathesis generates requests from the served OpenAPI schema (valid and invalid ones) against a live
+    server: no 5xx, every status documented, every answer valid against its schema, invalid data rejected.
+
+    Not checked: that every schema-valid request succeeds. The schema lists the served languages for `source` and
+    `target`, but cannot say which of their combinations is a served pair (de-de is valid JSON and a 400)."""
+    import schemathesis
+    from hypothesis import HealthCheck, Phase, given, settings
+    from schemathesis.checks import positive_data_acceptance
+
+    with live_server(make_service(max_new_tokens=4)) as url:
+        schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
+        failures = []
+        for result in schema.get_all_operations():
+            operation = result.ok()
+
+            @settings(
+                max_examples=25,
+                deadline=None,
+                derandomize=True,
+                database=None,
+                phases=[Phase.explicit, Phase.generate],
+                suppress_health_check=list(HealthCheck),
+            )
+            @given(case=operation.as_strategy())
+            def check(case):
+                case.call_and_validate(base_url=url, excluded_checks=[positive_data_acceptance])
+
+            try:
+                check()
+            except Exception as error:  # collect every operation's failure, then report them together
+                failures.append(f"{operation.method.upper()} {operation.path}: {error}")
+        assert not failures, "\n".join(failures)
+
+
+def test_pair_from_the_manifest_and_from_training_info(tmp_path):
+    import shutil
+
+    from vanilla_transformer.export.onnx_export import _languages
+    from vanilla_transformer_ort.serve.models import parse_model_spec
+
+    folder = tmp_path / "onnx"
+    shutil.copytree(trained_export_dir(), folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "source_lang": "en", "target_lang": "fr"}))
+    spec = parse_model_spec(folder)
+    assert (spec.source, spec.target, spec.folder) == ("en", "fr", folder)
+    assert parse_model_spec(f"de-en={folder}").pair == "de-en"  # the command line wins
+    (tmp_path / "training_info.json").write_text(json.dumps({"source_lang": "en", "target_lang": "de", "steps": 3}))
+    assert _languages(tmp_path) == {"source_lang": "en", "target_lang": "de"}
+    assert _languages(tmp_path / "missing") == {}
