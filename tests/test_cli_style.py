@@ -74,19 +74,7 @@ def test_version_prints_the_package_version(name, capsys):
     assert vanilla_transformer_ort.__version__ in out
 
 
-# Commands written elsewhere that do not yet print one-line errors (their parser is not on cli_common yet).
-NOT_YET_ONE_LINE = {"vt-serve": "prints its usage before the error line"}
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(name, marks=pytest.mark.xfail(reason=NOT_YET_ONE_LINE[name], strict=False))
-        if name in NOT_YET_ONE_LINE
-        else name
-        for name in sorted(SCRIPTS)
-    ],
-)
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_unknown_flag_is_one_line_and_exit_2(name, capsys):
     status, _, err = run(name, ["--no_such_flag"], capsys)
     assert_one_line_error(status, err)  # names the flag, or first the required flags that are missing

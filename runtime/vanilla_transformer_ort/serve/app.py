@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .. import __version__
 from .service import RequestError, TranslationService
 
 access_logger = logging.getLogger("vanilla_transformer_ort.serve.access")
@@ -271,7 +272,7 @@ def create_app(service: TranslationService) -> FastAPI:
     app = FastAPI(
         title="vanilla-transformer translation server",
         description=__doc__,
-        version=_version(),
+        version=__version__,
         lifespan=lifespan,
     )
     app.state.service = service
@@ -347,17 +348,3 @@ def create_app(service: TranslationService) -> FastAPI:
 
     app.add_middleware(AccessLog, service=service)
     return app
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("vanilla-transformer-ort")
-    except Exception:
-        try:
-            from importlib.metadata import version
-
-            return version("vanilla-transformer")
-        except Exception:
-            return "0"

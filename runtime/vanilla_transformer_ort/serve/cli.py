@@ -5,85 +5,121 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
-EXAMPLE = """example:
-  vt-serve outputs/main_job/onnx --port 5000
-  curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
-       -d '{"q": "File not found.", "source": "en", "target": "de"}'
-
+PROG = "vt-serve"
+EXAMPLE = """\
+vt-serve outputs/main_job/onnx --port 5000
+curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
+     -d '{"q": "File not found.", "source": "en", "target": "de"}'
+"""
+DESCRIPTION = (
+    __doc__
+    + """
 Each FOLDER is an export folder (vt-export-onnx) whose manifest names its pair, or SRC-TGT=FOLDER (en-de=onnx/base).
 Metrics: GET /metrics; OpenAPI: GET /docs. SIGTERM finishes accepted requests, then exits."""
+)
 
 
-def _flag(parser, name: str, **kwargs) -> None:
-    """`--snake_case` with its `--kebab-case` spelling as an alias."""
-    spellings = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
-    parser.add_argument(*spellings, dest=name, **kwargs)
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser():
+    from .. import __version__
+    from ..cli_common import make_parser, positive_int
     from .settings import ServeSettings
 
     defaults = ServeSettings()
-    parser = argparse.ArgumentParser(
-        prog="vt-serve", description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = make_parser(PROG, DESCRIPTION, EXAMPLE, __version__)
+    parser.add_argument("models", nargs="*", metavar="FOLDER", help="export folders (FOLDER or SRC-TGT=FOLDER)")
+    parser.add_argument("--model", action="append", default=[], metavar="FOLDER", help="another folder to serve")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
+    parser.add_argument("--port", type=int, default=5000, help="port (default 5000, LibreTranslate's)")
+    parser.add_argument(
+        "--sessions",
+        type=positive_int,
+        default=defaults.sessions,
+        help="onnxruntime sessions per model, each runs a batch (default 1)",
     )
     parser.add_argument(
-        "models", nargs="*", metavar="FOLDER", help="export folders to serve (FOLDER or SRC-TGT=FOLDER)"
+        "--threads", type=positive_int, default=None, help="threads a session (default: usable cores / sessions)"
     )
-    _flag(parser, "model", action="append", default=[], metavar="FOLDER", help="another way to name a folder")
-    _flag(parser, "host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
-    _flag(parser, "port", type=int, default=5000, help="port (default 5000, LibreTranslate's)")
-    _flag(parser, "sessions", type=int, default=defaults.sessions, help="onnxruntime sessions per model (default 1)")
-    _flag(parser, "threads", type=int, default=None, help="threads per session (default: usable cores / sessions)")
-    _flag(parser, "num_beams", type=int, default=None, help="beam size (default: the folder's generation_config)")
-    _flag(parser, "max_new_tokens", type=int, default=None, help="longest translation of a segment, in tokens")
-    _flag(parser, "provider", default="cpu", help="cpu, cuda or auto (default cpu)")
-    _flag(parser, "char_limit", type=int, default=defaults.char_limit, help="characters per text (400 above)")
-    _flag(parser, "max_texts", type=int, default=defaults.max_texts, help="texts per request (413 above)")
-    _flag(parser, "max_body_bytes", type=int, default=defaults.max_body_bytes, help="request body size (413 above)")
-    _flag(parser, "max_queue", type=int, default=defaults.max_queue, help="segments waiting (429 above)")
-    _flag(parser, "request_timeout", type=float, default=defaults.request_timeout, help="seconds (503 after)")
-    _flag(parser, "max_batch_tokens", type=int, default=defaults.max_batch_tokens, help="padded tokens a batch")
-    _flag(parser, "max_batch_size", type=int, default=defaults.max_batch_size, help="segments a batch")
-    _flag(parser, "max_wait_ms", type=float, default=defaults.max_wait_ms, help="longest wait to fill a batch")
-    _flag(parser, "no_batching", action="store_true", help="never batch segments of different requests")
-    _flag(parser, "api_keys", default=None, metavar="FILE", help="require api_key, one valid key a line")
-    _flag(parser, "log_level", default="info", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    parser.add_argument("--num_beams", type=positive_int, default=None, help="beam size (default: the folder's)")
+    parser.add_argument("--max_new_tokens", type=positive_int, default=None, help="longest translation, in tokens")
+    parser.add_argument("--provider", default="cpu", help="cpu, cuda or auto (default cpu)")
+    parser.add_argument(
+        "--char_limit",
+        type=positive_int,
+        default=defaults.char_limit,
+        help="characters a text; longer is a 400 (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max_texts",
+        type=positive_int,
+        default=defaults.max_texts,
+        help="texts a request; more is a 413 (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max_body_bytes",
+        type=positive_int,
+        default=defaults.max_body_bytes,
+        help="request body bytes; more is a 413 (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max_queue",
+        type=positive_int,
+        default=defaults.max_queue,
+        help="segments waiting; more is a 429 (default %(default)s)",
+    )
+    parser.add_argument(
+        "--request_timeout",
+        type=float,
+        default=defaults.request_timeout,
+        help="seconds before a 503 (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max_batch_tokens",
+        type=positive_int,
+        default=defaults.max_batch_tokens,
+        help="padded tokens a batch (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max_batch_size",
+        type=positive_int,
+        default=defaults.max_batch_size,
+        help="segments a batch (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max_wait_ms",
+        type=float,
+        default=defaults.max_wait_ms,
+        help="longest wait to fill a batch (default %(default)s)",
+    )
+    parser.add_argument("--no_batching", action="store_true", help="never batch different requests together")
+    parser.add_argument("--api_keys", default=None, metavar="FILE", help="require api_key: valid keys, one a line")
+    parser.add_argument("--log_level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
 
-def _version() -> str:
-    from .app import _version
+def serve_command(argv: list[str]) -> None:
+    """Parse `argv`, check every folder, load the models and serve until SIGTERM or Ctrl-C."""
+    from ..cli_common import UserError
 
-    return _version()
-
-
-def _fail(message: str) -> None:
-    print(f"vt-serve: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Parse the command line, check every folder, load the models and serve until SIGTERM or Ctrl-C."""
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as error:
-        _fail(f"{error.name} is missing: install the serve extra, pip install 'vanilla-transformer-ort[cpu,serve]'")
+        raise UserError(
+            f"{error.name} is missing: install the serve extra, pip install 'vanilla-transformer-ort[cpu,serve]'"
+        ) from None
     args = build_parser().parse_args(argv)
-    try:
-        server = build_server(args)
-    except ValueError as error:
-        if args.debug:
-            raise
-        _fail(str(error))
+    server = build_server(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `vt-serve` console script: one-line errors with exit status 2 (`--debug` for the traceback)."""
+    from ..cli_common import run_cli
+
+    return run_cli(serve_command, argv, prog=PROG)
 
 
 def build_server(args: argparse.Namespace):
