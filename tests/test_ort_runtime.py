@@ -324,3 +324,29 @@ def test_unsupported_generation_config_is_refused(tmp_path):
     (folder / "generation_config.json").write_text(json.dumps({**generation, "no_repeat_ngram_size": 3}))
     with pytest.raises(ValueError, match="no_repeat_ngram_size"):
         OrtTranslator(folder)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_finished_sentences_leave_the_batch(translator, batch, monkeypatch, num_beams):
+    """Sentences that finish early stop being decoded (the decoder's batch shrinks), and the outputs are those of
+    decoding every row to the end."""
+    from vanilla_transformer_ort.decoder_state import NumpyState
+
+    rows = []
+    run = NumpyState._run
+
+    def counting_run(self, last_tokens):
+        rows.append(last_tokens.shape[0])
+        return run(self, last_tokens)
+
+    monkeypatch.setattr(NumpyState, "_run", counting_run)
+    ids, mask = batch[0].numpy(), batch[1].numpy()
+    pruned = translator.generate(ids, mask, num_beams=num_beams, max_new_tokens=15)
+    pruned_rows = rows[:]
+    rows.clear()
+    monkeypatch.setattr(NumpyState, "keep_rows", None)
+    full = translator.generate(ids, mask, num_beams=num_beams, max_new_tokens=15)
+    np.testing.assert_array_equal(pruned, full)
+    assert set(rows) == {len(ids) * num_beams}  # without keep_rows: every row, every step
+    assert pruned_rows[0] == len(ids) * num_beams and pruned_rows[-1] < pruned_rows[0]
+    assert sum(pruned_rows) < sum(rows)

@@ -100,6 +100,12 @@ class NumpyState(CacheState):
         for value in self.past.values():
             value[changed] = value[sources]  # the right side is gathered first, so overlapping rows are safe
 
+    def keep_rows(self, rows: np.ndarray) -> None:
+        """Only `rows` stay: the cache, the cross-attention K/V and the source mask shrink with finished sentences."""
+        self.past = {name: value[rows] for name, value in self.past.items()}
+        self.cross = {name: value[rows] for name, value in self.cross.items()}
+        self.mask = self.mask[rows]
+
 
 class BoundState(CacheState):
     """Decoder cache kept on the device through I/O binding: presents of one step are the next step's past.

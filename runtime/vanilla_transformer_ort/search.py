@@ -41,6 +41,11 @@ class DecoderState(Protocol):
     def reorder(self, rows: np.ndarray) -> None:
         """Keep cache rows `rows` (int64, length rows) in that order."""
 
+    def keep_rows(self, rows: np.ndarray) -> None:
+        """Drop every row but `rows` (int64, ascending) from the cache, the cross-attention K/V and the source mask:
+        the searches call it when sentences finish, so that a batch costs what its unfinished sentences cost. A
+        state without it (`getattr(state, "keep_rows", None) is None`) keeps computing finished rows."""
+
 
 @dataclass
 class GenerationSettings:
@@ -166,21 +171,30 @@ def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def greedy_search(state: DecoderState, batch_size: int, settings: GenerationSettings) -> np.ndarray:
-    """Greedy decoding; returns (batch, 1 + generated) int64 with the start token first, finished rows pad-filled."""
+    """Greedy decoding; returns (batch, 1 + generated) int64 with the start token first, finished rows pad-filled.
+
+    A finished row leaves the decoder's batch (where the state can `keep_rows`): it would only produce padding.
+    """
     tokens = np.full((batch_size, 1), settings.decoder_start_token_id, dtype=np.int64)
     unfinished = np.ones(batch_size, dtype=bool)
     pad = settings.pad_token_id
     if pad is None:  # transformers falls back to the first EOS id
         pad = settings.eos_token_ids[0] if settings.eos_token_ids else 0
+    prune = getattr(state, "keep_rows", None)
+    active = np.arange(batch_size)  # the rows the state holds, in its order
     for _ in range(settings.max_new_tokens):
-        scores = process_scores(state.step(tokens[:, -1:]), tokens.shape[1], settings)
-        next_tokens = scores.argmax(axis=-1).astype(np.int64)
+        scores = process_scores(state.step(tokens[active, -1:]), tokens.shape[1], settings)
+        next_tokens = np.full(batch_size, pad, dtype=np.int64)
+        next_tokens[active] = scores.argmax(axis=-1)
         if settings.eos_token_ids:
             next_tokens = np.where(unfinished, next_tokens, pad)
             unfinished &= ~np.isin(next_tokens, settings.eos_token_ids)
         tokens = np.concatenate([tokens, next_tokens[:, None]], axis=1)
         if not unfinished.any():
             break
+        if prune is not None and not unfinished[active].all():
+            prune(np.flatnonzero(unfinished[active]))
+            active = active[unfinished[active]]
     return tokens
 
 
@@ -224,27 +238,33 @@ def beam_search(state: DecoderState, batch_size: int, settings: GenerationSettin
     origin = running_origin.copy()
     batch_offset = (np.arange(batch_size) * num_beams)[:, None]
 
+    # Sentences still searched, in the state's order; a sentence whose result can no longer change leaves the
+    # decoder's batch (where the state can `keep_rows`). Its arrays below keep their final values, so the outputs are
+    # those of searching every sentence to the end, as transformers does.
+    prune = getattr(state, "keep_rows", None)
+    active = np.arange(batch_size)
     cur_len = prompt_len
     while True:
-        last = running[:, :, cur_len - 1].reshape(-1, 1)
+        n = active.size
+        last = running[active, :, cur_len - 1].reshape(-1, 1)
         # a-b. log-probabilities, logit processors, plus the running scores; the top 2 x num_beams per sentence
         bias = score_bias(cur_len, settings, state.vocab_size) if state.ranks_candidates else None
         if bias is not None:
             vocab = state.vocab_size
-            running_column = running_scores.reshape(-1, 1)
-            topk_scores, topk_indices = state.step_top_k(last, running_column, bias, batch_size, beams_to_keep)
+            running_column = running_scores[active].reshape(-1, 1)
+            topk_scores, topk_indices = state.step_top_k(last, running_column, bias, n, beams_to_keep)
         else:
-            log_probs = process_scores(log_softmax(state.step(last)), cur_len, settings)  # (batch * beams, vocab)
+            log_probs = process_scores(log_softmax(state.step(last)), cur_len, settings)  # (n * beams, vocab)
             vocab = log_probs.shape[-1]
-            log_probs += running_scores.reshape(-1, 1)
-            topk_scores, topk_indices = top_k(log_probs.reshape(batch_size, num_beams * vocab), beams_to_keep)
+            log_probs += running_scores[active].reshape(-1, 1)
+            topk_scores, topk_indices = top_k(log_probs.reshape(n, num_beams * vocab), beams_to_keep)
 
         # c. the top continuations over all beams of a sentence
         source_beam, token = topk_indices // vocab, topk_indices % vocab
-        topk_sequences = _gather(running, source_beam)
+        topk_sequences = _gather(running[active], source_beam)
         topk_sequences[:, :, cur_len] = token
-        topk_origin = _gather(running_origin, source_beam)
-        topk_origin[:, :, cur_len - prompt_len] = source_beam + batch_offset
+        topk_origin = _gather(running_origin[active], source_beam)
+        topk_origin[:, :, cur_len - prompt_len] = source_beam + batch_offset[:n]  # rows of the state as it is
 
         # d. which continuations stop here (EOS, or maximum length)
         hits = np.isin(token, eos) | (cur_len + 1 >= max_length)
@@ -252,34 +272,40 @@ def beam_search(state: DecoderState, batch_size: int, settings: GenerationSettin
         # e. the best unfinished continuations keep running
         open_scores = topk_scores + hits.astype(np.float32) * LARGE_NEGATIVE
         keep = top_k(open_scores, num_beams)[1]
-        running, running_scores = _gather(topk_sequences, keep), _gather(open_scores, keep)
-        running_origin = _gather(topk_origin, keep)
+        running[active], running_scores[active] = _gather(topk_sequences, keep), _gather(open_scores, keep)
+        running_origin[active] = _gather(topk_origin, keep)
 
         # f. finished candidates among the top num_beams compete with the finished set, length-penalised
         just_finished = hits & top_num_beam_mask[None, :]
         final_scores = topk_scores / np.float32((cur_len + 1 - prompt_len) ** penalty)
-        full = finished.all(axis=1, keepdims=True) & (early is True)
+        full = finished[active].all(axis=1, keepdims=True) & (early is True)
         final_scores = final_scores + full.astype(np.float32) * LARGE_NEGATIVE
-        final_scores = final_scores + (~may_improve).astype(np.float32) * LARGE_NEGATIVE
+        final_scores = final_scores + (~may_improve[active]).astype(np.float32) * LARGE_NEGATIVE
         final_scores = final_scores + (~just_finished).astype(np.float32) * LARGE_NEGATIVE
-        merged_scores = np.concatenate([beam_scores, final_scores], axis=1)
+        merged_scores = np.concatenate([beam_scores[active], final_scores], axis=1)
         best = top_k(merged_scores, num_beams)[1]
-        sequences = _gather(np.concatenate([sequences, topk_sequences], axis=1), best)
-        beam_scores = _gather(merged_scores, best)
-        origin = _gather(np.concatenate([origin, topk_origin], axis=1), best)
-        finished = _gather(np.concatenate([finished, just_finished], axis=1), best)
+        sequences[active] = _gather(np.concatenate([sequences[active], topk_sequences], axis=1), best)
+        beam_scores[active] = _gather(merged_scores, best)
+        origin[active] = _gather(np.concatenate([origin[active], topk_origin], axis=1), best)
+        finished[active] = _gather(np.concatenate([finished[active], just_finished], axis=1), best)
 
         # g. the cache follows the surviving beams
-        state.reorder(running_origin[:, :, cur_len - prompt_len].reshape(-1))
+        state.reorder(running_origin[active, :, cur_len - prompt_len].reshape(-1))
         cur_len += 1
 
         best_length = max_length - prompt_len if (early == "never" and penalty > 0.0) else cur_len - prompt_len
-        best_running = running_scores[:, :1] / np.float32(best_length**penalty)
-        worst_finished = np.where(finished, beam_scores.min(axis=1, keepdims=True), LARGE_NEGATIVE)
-        may_improve = may_improve & np.any(best_running > worst_finished, axis=-1, keepdims=True)
-        open_beam = not (finished.all() and early is True)
-        if not (may_improve.any() and open_beam and not hits.all()):
+        best_running = running_scores[active, :1] / np.float32(best_length**penalty)
+        worst_finished = np.where(finished[active], beam_scores[active].min(axis=1, keepdims=True), LARGE_NEGATIVE)
+        may_improve[active] &= np.any(best_running > worst_finished, axis=-1, keepdims=True)
+        # A sentence is settled once nothing can enter its finished set: it cannot improve, or (early stopping)
+        # the set is full. Searching on would only add LARGE_NEGATIVE candidates that never rank.
+        settled = ~may_improve[active, 0] | (finished[active].all(axis=1) & (early is True))
+        if settled.all() or hits.all():
             break
+        if prune is not None and settled.any():
+            kept = np.flatnonzero(~settled)
+            prune((kept[:, None] * num_beams + np.arange(num_beams)).reshape(-1))
+            active = active[kept]
 
     generated = int(((origin[:, 0, :] + 1) != 0).sum(axis=1).max())
     return sequences[:, 0, : prompt_len + generated]
