@@ -268,11 +268,15 @@ def print_ab(inputs, references, translate_batch) -> None:
                 refs.append(reference)
     designs = [
         ("raw text, no check (baseline)", None),
-        ("verify only (style none, no retry)", dict(style="none", retry=())),
-        ("mask {0} (brace, no retry)", dict(style="brace", retry=())),
-        ("mask %1 (percent, no retry)", dict(style="percent", retry=())),
-        ("brace + alternate + verbatim", dict(style="brace", retry=("alternate", "verbatim"))),
-        ("brace + alternate + verbatim + segments (default)", dict(style="brace")),
+        ("as is, verified (style none), no retry", dict(style="none", retry=())),
+        ("mask %1 (percent), no retry", dict(style="percent", retry=())),
+        ("mask {0} (brace), no retry", dict(style="brace", retry=())),
+        (
+            "brace, then percent, as is, segments (first design)",
+            dict(style="brace", retry=("percent", "verbatim", "segments")),
+        ),
+        ("as is, then percent, brace (no segments)", dict(style="none", retry=("percent", "brace"))),
+        ("as is, then percent, brace, segments (default)", dict(style="none", retry=("percent", "brace", "segments"))),
     ]
     print(f"\nMask A/B on the {len(texts):,} single (non-plural) entries with a placeholder:\n")
     print("| design | placeholders kept | left untranslated | BLEU / chrF (untranslated = empty) |")

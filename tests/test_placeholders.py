@@ -146,23 +146,30 @@ def test_translate_protected_batches_and_copies_placeholder_only():
     results = translate_protected(model, ["Open %s", "%s", "%d files"], [C, C, C], batch_size=8)
     assert [r.translation for r in results] == ["Öffnen %s", "%s", "%d Dateien"]
     assert [r.status for r in results] == ["translated", "copied", "translated"]
-    assert calls == [["Open {0}", "{0} files"]]  # one call, shortest first
+    assert [r.attempts for r in results] == [["verbatim"], [], ["verbatim"]]
+    assert calls == [["Open %s", "%d files"]]  # one call, shortest first; placeholder-only texts never sent
 
 
 def test_translate_protected_retries_then_fails_without_writing():
+    def drops_percent_s(batch):
+        return [text.replace("%s", "") for text in batch]
+
+    # the text as it is loses %s; the %1 mask survives this model
+    result = translate_protected(drops_percent_s, ["Open %s"], [C])[0]
+    assert (result.translation, result.status, result.attempts) == ("Open %s", "retried", ["verbatim", "percent"])
+
     def drops_braces(batch):
         return [text.replace("{0}", "").replace("{1}", "") for text in batch]
 
-    # alternate style (%1) survives this model
-    result = translate_protected(drops_braces, ["Open %s"], [C], retry=("alternate",))[0]
-    assert (result.translation, result.status, result.attempts) == ("Open %s", "retried", ["brace", "alternate"])
+    result = translate_protected(drops_braces, ["Open %s"], [C], style="brace", retry=("alternate",))[0]
+    assert (result.translation, result.attempts) == ("Open %s", ["brace", "alternate"])  # alternate: percent
 
     def drops_everything(batch):
         return ["nichts" for _ in batch]
 
-    result = translate_protected(drops_everything, ["Open %s"], [C], retry=("alternate", "verbatim"))[0]
+    result = translate_protected(drops_everything, ["Open %s"], [C], retry=("percent", "brace", "verbatim"))[0]
     assert result.translation is None and result.status == "failed"
-    assert result.attempts == ["brace", "alternate", "verbatim"] and "placeholder" in result.reason
+    assert result.attempts == ["verbatim", "percent", "brace"] and "placeholder" in result.reason
 
 
 def test_segments_fallback_keeps_placeholders_in_source_order():
@@ -170,7 +177,18 @@ def test_segments_fallback_keeps_placeholders_in_source_order():
         return [" ".join(word for word in text.split() if "{" not in word and "%" not in word) for text in batch]
 
     result = translate_protected(drops_placeholders, ["Open %s: %d files"], [C], retry=("segments",))[0]
-    assert result.translation == "Open %s: %d files".replace("Open", "Open") and result.status == "retried"
+    assert result.translation == "Open %s: %d files" and result.attempts == ["verbatim", "segments"]
+
+
+def test_model_underscore_is_not_an_invented_accelerator():
+    # "service_browser" has no accelerator; "Dienst_browser" must not count as one.
+    assert same_placeholders("service_browser failed: %s", "Dienst_browser fehlgeschlagen: %s", C)
+
+
+def test_break_moved_to_an_edge_is_refused():
+    # msgfmt: msgid and msgstr must begin and end alike; "Binary\nSource" -> "Binary\n" is rejected.
+    assert restore("Binary {0}", protect("Binary\nSource")) is None
+    assert restore("Binär{0}Quelle", protect("Binary\nSource")) == "Binär\nQuelle"
 
 
 def test_translate_protected_checks_its_inputs():

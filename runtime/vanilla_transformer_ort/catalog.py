@@ -17,7 +17,7 @@ from pathlib import Path
 
 import polib
 
-from .placeholders import STRATEGIES, Result, translate_protected, unknown_flags
+from .placeholders import DEFAULT_RETRY, DEFAULT_STYLE, Result, translate_protected, unknown_flags
 
 GENERATOR = "vt-translate-po 0.1.0 (vanilla-transformer)"
 MO_MAGIC = (b"\xde\x12\x04\x95", b"\x95\x04\x12\xde")
@@ -328,8 +328,8 @@ def pretranslate(
     plural_forms: str | None = None,
     batch_size: int = 32,
     chunk_size: int = 256,
-    retry: Sequence[str] = STRATEGIES,
-    style: str = "brace",
+    retry: Sequence[str] = DEFAULT_RETRY,
+    style: str = DEFAULT_STYLE,
     protection: bool = True,
     progress: Callable[[int, int], None] | None = None,
 ) -> Report:

@@ -287,6 +287,9 @@ def restore(translation: str, protected: Protected) -> str | None:
         return None  # the model wrote a directive of its own (e.g. "50 % der" is "% d")
     if has_stray_syntax(result, protected.flags):
         return None
+    source = protected.source
+    if (result[:1] == "\n") != (source[:1] == "\n") or (result[-1:] == "\n") != (source[-1:] == "\n"):
+        return None  # msgfmt: msgid and msgstr must begin and end alike (a break token moved to an edge)
     return result
 
 
@@ -387,18 +390,25 @@ def same_placeholders(source: str, translation: str, flags: Sequence[str] = ()) 
     expected = normal(placeholders(source, flags))
     if accelerator:
         return expected == normal(placeholders(translation, flags, accelerator))
-    return expected == normal(placeholders(translation, flags))
+    # No accelerator in the source: an underscore the translation has ("Dienst_browser") is text, not a marker.
+    found = normal(placeholders(translation, flags))
+    return expected == Counter({key: n for key, n in found.items() if key[0] != "accelerator"})
 
 
-STRATEGIES = ("alternate", "verbatim", "segments")
+# Retry strategies: a mask style by name ("verbatim" is style "none"), "alternate" (the mask style the first attempt
+# did not use: percent, or brace after percent), or "segments". The defaults are the A/B's best
+# (docs/LOCALIZATION.md): the text as it is first, then %1 masks, then {0} masks, then segments.
+STRATEGIES = ("verbatim", "percent", "brace", "alternate", "segments")
+DEFAULT_STYLE = "none"
+DEFAULT_RETRY = ("percent", "brace", "segments")
 
 
 def translate_protected(
     translate_batch: Callable[[list[str]], list[str]],
     texts: Sequence[str],
     flags_per_text: Sequence[Sequence[str]] | None = None,
-    retry: Sequence[str] = STRATEGIES,
-    style: str = "brace",
+    retry: Sequence[str] = DEFAULT_RETRY,
+    style: str = DEFAULT_STYLE,
     batch_size: int | None = None,
 ) -> list[Result]:
     """Translate `texts` with every placeholder kept, or not at all.
@@ -408,11 +418,13 @@ def translate_protected(
             `lambda batch: translator.translate(batch, num_beams=4)`).
         texts: source messages.
         flags_per_text: each text's gettext flags (`("c-format",)`); None: no flags, the common placeholders.
-        retry: what to try, in order, on the texts whose placeholders did not survive: "alternate" (the other mask
-            style), "verbatim" (the placeholders unmasked, as the model saw them in training), "segments" (the
+        retry: what to try, in order, on the texts whose placeholders did not survive: "verbatim" (the
+            placeholders as they are, as the model saw them in training), "percent" (masked %1, %2, ...), "brace"
+            (masked {0}, {1}, ...), "alternate" (percent, or brace after a first attempt in percent), "segments" (the
             pieces between placeholders translated alone and joined around them in the source order; always keeps
-            them, at some cost in word order).
-        style: the first attempt's mask ("brace", "percent" or "none").
+            them, at some cost in word order). A strategy equal to the first attempt is skipped.
+        style: the first attempt: "none" (the text as it is, placeholders verified after; the measured best),
+            "percent" or "brace".
         batch_size: texts per `translate_batch` call (None: all at once).
     Returns:
         one `Result` per text, in order; `translation` is None where every attempt failed.
@@ -479,14 +491,16 @@ def translate_protected(
         return [pieces[i] for i in wanted], finish
 
     other = "percent" if style != "percent" else "brace"
-    strategies = {"alternate": masked_with(other), "verbatim": masked_with("none"), "segments": segments}
-    pending = attempt(pending, style, masked_with(style))
+    styles = {"verbatim": "none", "percent": "percent", "brace": "brace", "alternate": other}
+    first = {"none": "verbatim"}.get(style, style)
+    pending = attempt(pending, first, masked_with(style))
     for name in retry:
         if not pending:
             break
-        if name == "alternate" and other == style:
-            continue
-        pending = attempt(pending, name, strategies[name])
+        if name == "segments":
+            pending = attempt(pending, name, segments)
+        elif styles[name] != style:
+            pending = attempt(pending, name, masked_with(styles[name]))
     for index in pending:
         results[index].status = "failed"
     return results

@@ -24,7 +24,7 @@ from .catalog import (
 )
 from .cli_common import make_parser, positive_int, run_cli
 from .contract import CONFIG_FILE, ENCODER_FILE
-from .placeholders import STRATEGIES, STYLES
+from .placeholders import DEFAULT_RETRY, DEFAULT_STYLE, STRATEGIES, STYLES
 
 VERSION = "0.1.0"
 PROG = "vt-translate-po"
@@ -51,13 +51,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch_size", type=positive_int, default=32, help="texts per model call")
     parser.add_argument("--threads", type=positive_int, default=1, help="CPU threads for the model")
     parser.add_argument("--provider", default="auto", help="onnxruntime provider: auto, cpu or cuda")
-    parser.add_argument("--placeholder_style", choices=STYLES, default="brace", help="mask of the first attempt")
+    parser.add_argument(
+        "--placeholder_style",
+        choices=STYLES,
+        default=DEFAULT_STYLE,
+        help="first attempt: none (as is), percent, brace",
+    )
     parser.add_argument(
         "--retry",
         nargs="*",
         choices=STRATEGIES,
-        default=list(STRATEGIES),
-        help="what to try, in order, when a placeholder was lost (default: all)",
+        default=list(DEFAULT_RETRY),
+        help=f"what to try, in order, when a placeholder was lost (default: {' '.join(DEFAULT_RETRY)})",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
