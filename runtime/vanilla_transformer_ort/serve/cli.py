@@ -92,8 +92,16 @@ def build_parser():
         help="longest wait to fill a batch (default %(default)s)",
     )
     parser.add_argument("--no_batching", action="store_true", help="never batch different requests together")
+    parser.add_argument(
+        "--no_protect_placeholders", action="store_true", help="translate %%s, {0}, <b> ... as plain text (unsafe)"
+    )
     parser.add_argument("--api_keys", default=None, metavar="FILE", help="require api_key: valid keys, one a line")
     parser.add_argument("--log_level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--ray_replicas", type=positive_int, default=None, help="serve N replicas with Ray Serve (the ray extra)"
+    )
+    parser.add_argument("--ray_address", default=None, help="with --ray_replicas: a running cluster ('auto')")
+    parser.add_argument("--ray_cpus_per_replica", type=float, default=1.0, help="CPUs Ray reserves a replica")
     return parser
 
 
@@ -110,6 +118,9 @@ def serve_command(argv: list[str]) -> None:
             f"{error.name} is missing: install the serve extra, pip install 'vanilla-transformer-ort[cpu,serve]'"
         ) from None
     args = build_parser().parse_args(argv)
+    if args.ray_replicas:
+        run_on_ray(args)
+        return
     server = build_server(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server.run()
@@ -122,21 +133,37 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli(serve_command, argv, prog=PROG)
 
 
-def build_server(args: argparse.Namespace):
-    """A `uvicorn.Server` for the parsed arguments (ValueError for a bad folder or setting)."""
-    import uvicorn
+def run_on_ray(args: argparse.Namespace) -> None:
+    """The same app as `args.ray_replicas` Ray Serve replicas on `--host:--port`, until Ctrl-C."""
+    from ..cli_common import UserError
 
-    from .app import create_app
-    from .models import check_unique, parse_model_spec
-    from .service import TranslationService
-    from .settings import ServeSettings, read_api_keys
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise UserError(
+            "Ray is missing: install the ray extra, pip install 'vanilla-transformer-ort[cpu,serve,ray]'"
+        ) from None
+    from .ray_serve import run_ray_serve
 
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     models = list(args.models) + list(args.model)
     if not models:
-        raise ValueError("no model to serve: pass an export folder (vt-serve FOLDER)")
-    specs = [parse_model_spec(model) for model in models]
-    check_unique(specs)
-    settings = ServeSettings(
+        raise UserError("no model to serve: pass an export folder (vt-serve FOLDER)")
+    run_ray_serve(
+        models,
+        settings_from_args(args),
+        replicas=args.ray_replicas,
+        host=args.host,
+        port=args.port,
+        address=args.ray_address,
+        cpus_per_replica=args.ray_cpus_per_replica,
+    )
+
+
+def settings_from_args(args: argparse.Namespace):
+    from .settings import ServeSettings, read_api_keys
+
+    return ServeSettings(
         char_limit=args.char_limit,
         max_texts=args.max_texts,
         max_body_bytes=args.max_body_bytes,
@@ -146,6 +173,7 @@ def build_server(args: argparse.Namespace):
         max_batch_size=args.max_batch_size,
         max_wait_ms=args.max_wait_ms,
         batching=not args.no_batching,
+        protect_placeholders=not args.no_protect_placeholders,
         sessions=args.sessions,
         threads=args.threads,
         num_beams=args.num_beams,
@@ -153,6 +181,22 @@ def build_server(args: argparse.Namespace):
         provider=args.provider,
         api_keys=read_api_keys(args.api_keys) if args.api_keys else frozenset(),
     )
+
+
+def build_server(args: argparse.Namespace):
+    """A `uvicorn.Server` for the parsed arguments (ValueError for a bad folder or setting)."""
+    import uvicorn
+
+    from .app import create_app
+    from .models import check_unique, parse_model_spec
+    from .service import TranslationService
+
+    models = list(args.models) + list(args.model)
+    if not models:
+        raise ValueError("no model to serve: pass an export folder (vt-serve FOLDER)")
+    specs = [parse_model_spec(model) for model in models]
+    check_unique(specs)
+    settings = settings_from_args(args)
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     service = TranslationService(specs, settings)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..placeholders import protect, restore, translate_protected
 from .batching import BatchScheduler, BatchStats, Engine, QueueFull, ShuttingDown
 from .models import ModelSpec, language_name
 from .settings import ServeSettings
@@ -76,6 +76,12 @@ class Metrics:
         )
         self.queue_depth = Gauge("vt_queue_depth", "Segments waiting for a batch, all pairs.", registry=self.registry)
         self.busy_sessions = Gauge("vt_busy_sessions", "Sessions running a batch, all pairs.", registry=self.registry)
+
+        self.untranslated = Counter(
+            "vt_untranslated_segments",
+            "Segments returned untranslated because no translation kept all their placeholders.",
+            registry=self.registry,
+        )
 
     def observe_batch(self, stats: BatchStats) -> None:
         self.batch_size.observe(stats.size)
@@ -202,6 +208,15 @@ class TranslationService:
         segments = list(dict.fromkeys(piece.text for pieces in cut for piece in pieces if piece.translate))
         if not segments:
             return [join(pieces, []) for pieces in cut]
+        if self.settings.protect_placeholders:
+            translations = await self._translate_protected(pair, segments)
+        else:
+            translations = await self._translate_segments(pair, segments)
+        by_segment = dict(zip(segments, translations, strict=True))
+        return [join(pieces, [by_segment[p.text] for p in pieces if p.translate]) for pieces in cut]
+
+    async def _translate_segments(self, pair: ServedPair, segments: list[str]) -> list[str]:
+        """The model's translations of `segments`, through the pair's batch scheduler."""
         try:
             futures = pair.scheduler.submit(segments)
         except QueueFull as error:
@@ -209,9 +224,8 @@ class TranslationService:
         except ShuttingDown:
             raise RequestError(503, "the server is shutting down; retry on another instance") from None
         self.update_gauges()
-        started = time.monotonic()
         try:
-            translations = await asyncio.wait_for(asyncio.gather(*futures), self.settings.request_timeout)
+            return list(await asyncio.wait_for(asyncio.gather(*futures), self.settings.request_timeout))
         except TimeoutError:
             raise RequestError(
                 503,
@@ -222,6 +236,39 @@ class TranslationService:
             for future in futures:  # a request that goes away takes its queued segments with it
                 future.cancel()
             self.update_gauges()
-        logger.debug("%d segments in %.3f s", len(segments), time.monotonic() - started)
-        by_segment = dict(zip(segments, translations, strict=True))
-        return [join(pieces, [by_segment[p.text] for p in pieces if p.translate]) for pieces in cut]
+
+    async def _translate_protected(self, pair: ServedPair, segments: list[str]) -> list[str]:
+        """Translations that keep every placeholder of their segment (`%s`, `{0}`, `<b>`, `&amp;`, URLs, ...).
+
+        The placeholders are masked as `{0}`, `{1}`, ... and put back after translation, in one pass through the
+        batch scheduler. A segment whose translation lost, duplicated or invented one is retried with
+        `placeholders.translate_protected`'s other strategies (in a worker thread, its batches still going
+        through the scheduler); a segment that fails them all comes back untranslated, never broken.
+        """
+        protected = [protect(segment) for segment in segments]
+        masked = list(dict.fromkeys(p.masked for p in protected if p.is_translatable))
+        raw = dict(zip(masked, await self._translate_segments(pair, masked), strict=True)) if masked else {}
+        translations: list[str | None] = []
+        for segment, item in zip(segments, protected, strict=True):
+            translations.append(restore(raw[item.masked], item) if item.is_translatable else segment)
+        failing = [index for index, translation in enumerate(translations) if translation is None]
+        if failing:
+            loop = asyncio.get_running_loop()
+
+            def translate_batch(texts: list[str]) -> list[str]:
+                future = asyncio.run_coroutine_threadsafe(self._translate_segments(pair, texts), loop)
+                return future.result()
+
+            results = await asyncio.to_thread(
+                translate_protected,
+                translate_batch,
+                [segments[index] for index in failing],
+                style="percent",
+                retry=("verbatim", "segments"),
+            )
+            for index, result in zip(failing, results, strict=True):
+                if result.translation is None:
+                    self.metrics.untranslated.inc()
+                    logger.info("Left untranslated (a placeholder did not survive): %r", segments[index][:80])
+                translations[index] = result.translation if result.translation is not None else segments[index]
+        return translations

@@ -39,6 +39,7 @@ class ServeSettings:
     num_beams: int | None = None
     max_new_tokens: int | None = None
     provider: str = "cpu"
+    protect_placeholders: bool = True
     api_keys: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
