@@ -181,6 +181,10 @@ def test_main_job_exports_and_translates_with_onnxruntime(tmp_path):
     summary = run_main_job(args)
     assert (tmp_path / "job" / "onnx" / "encoder_model.onnx").is_file()
     assert summary["onnx_examples"] == summary["examples"]  # onnxruntime gives the same beam-search translations
+    from vanilla_transformer_ort.serve.models import parse_model_spec
+
+    command = summary["serve_command"].split()
+    assert command[0] == "vt-serve" and parse_model_spec(command[1]).pair == "en-de"  # the printed command serves it
 
 
 def _optimizer_groups(checkpoint) -> list[dict]:

@@ -313,6 +313,8 @@ def main_job_command(argv: list[str] | None = None) -> dict[str, Any]:
     print(json.dumps(summary, indent=2, ensure_ascii=False))
     print(f"\nBLEU {summary['test_bleu']}  chrF {summary['test_chrf']}  on {summary['test_pairs']} held-out pairs; "
           f"model in {summary['model_dir']}")  # fmt: skip
+    if "serve_command" in summary:
+        print(f"Serve it (pip install -e '.[serve]'): {summary['serve_command']}")
     return summary
 
 

@@ -272,8 +272,14 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
     if onnx_translations is not None:
         summary["onnx_examples"] = dict(zip(args.examples, onnx_translations, strict=True))
         summary["onnx_dir"] = str(output / "onnx")
+        summary["serve_command"] = serve_command(output / "onnx", args.target_lang)
     (output / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return summary
+
+
+def serve_command(onnx_dir: Path, target_lang: str) -> str:
+    """The command that serves the exported model over LibreTranslate's HTTP API (docs/serving.md)."""
+    return f"vt-serve en-{target_lang}={onnx_dir} --port 5000"
 
 
 def _train(model_args, data_args, training_kwargs, recipe, deadline, corpus, show_progress) -> dict[str, Any]:
