@@ -481,3 +481,31 @@ def test_without_protection_placeholders_are_the_model_s_business():
         return await post(client, q="Copy %s to %s")
 
     assert run_app(service, scenario).json()["translatedText"] == "COPY %S TO %S"
+
+
+def test_serves_where_torch_and_transformers_are_blocked(tmp_path, oracle):
+    """The server is part of the torch-free runtime: only runtime/ on the path, torch and transformers refused."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_runtime_distribution import BLOCK_IMPORTS, RUNTIME
+
+    code = BLOCK_IMPORTS + (
+        "import asyncio, httpx\n"
+        "from vanilla_transformer_ort.serve import build_app\n"
+        f"app = build_app(['en-de={trained_export_dir()}'])\n"
+        "async def main():\n"
+        "    async with app.router.lifespan_context(app):\n"
+        "        transport = httpx.ASGITransport(app=app)\n"
+        "        async with httpx.AsyncClient(transport=transport, base_url='http://t') as client:\n"
+        "            answer = await client.post('/translate', json={'q': 'a b c', 'source': 'en', 'target': 'de'})\n"
+        "            print(answer.json()['translatedText'])\n"
+        "asyncio.run(main())\n"
+        "loaded = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'vanilla_transformer')]\n"
+        "assert not loaded, loaded\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(RUNTIME)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == single(oracle, "a b c")
