@@ -444,15 +444,15 @@ def test_pair_from_the_manifest_and_from_training_info(tmp_path):
 
 
 def test_placeholders_survive_a_model_that_drops_them():
-    """Every text goes through placeholder protection: a model (here a fake, the oracle of what was sent) that loses
-    a masked placeholder triggers the retries, and what cannot keep its placeholders comes back untranslated."""
+    """Every text goes through placeholder protection: a model (here a fake, the record of what was sent) that
+    mangles a placeholder triggers the retries (masked, then piece by piece), and the answers keep them all."""
     service = make_service()
     sent: list[list[str]] = []
 
     async def fake_model(pair, texts):
         sent.append(list(texts))
-        # "translates" by upper-casing; drops the token {1} of masked texts, keeps verbatim placeholders
-        return [text.upper().replace("{1}", "") for text in texts]
+        # "translates" by upper-casing (%s becomes %S: a broken placeholder); drops the mask %2
+        return [text.upper().replace("%2", "") for text in texts]
 
     service._translate_segments = fake_model
     texts = ["Cannot open %s", "Copy %s to %s", "Visit <b>%(site)s</b> now", "%d%%", "plain words"]
@@ -461,12 +461,13 @@ def test_placeholders_survive_a_model_that_drops_them():
         return await post(client, q=texts)
 
     answer = run_app(service, scenario).json()["translatedText"]
-    assert answer[0] == "CANNOT OPEN %s"  # masked as {0}, restored
-    assert answer[1] == "COPY %s TO %s"  # {1} lost: retried with the placeholders as they are
+    assert answer[0] == "CANNOT OPEN %s"  # %S is not %s: retried masked as %1, restored
+    assert answer[1] == "COPY %s TO %s"  # %2 lost too: retried masked as {0} {1}
     assert answer[2] == "VISIT <b>%(site)s</b> NOW"
     assert answer[3] == "%d%%"  # nothing to translate: copied
     assert answer[4] == "PLAIN WORDS"
-    assert "Copy {0} to {1}" in sent[0] and "%d%%" not in sent[0]
+    assert "Copy %s to %s" in sent[0] and "%d%%" not in sent[0]  # first as it is
+    assert ["Copy %1 to %2"] in [[t for t in batch if t.startswith("Copy")] for batch in sent]
 
 
 def test_without_protection_placeholders_are_the_model_s_business():

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..placeholders import protect, restore, translate_protected
+from ..placeholders import DEFAULT_RETRY, DEFAULT_STYLE, protect, restore, translate_protected
 from .batching import BatchScheduler, BatchStats, Engine, QueueFull, ShuttingDown
 from .models import ModelSpec, language_name
 from .settings import ServeSettings
@@ -240,14 +240,15 @@ class TranslationService:
     async def _translate_protected(self, pair: ServedPair, segments: list[str]) -> list[str]:
         """Translations that keep every placeholder of their segment (`%s`, `{0}`, `<b>`, `&amp;`, URLs, ...).
 
-        The placeholders are masked as `{0}`, `{1}`, ... and put back after translation, in one pass through the
-        batch scheduler. A segment whose translation lost, duplicated or invented one is retried with
-        `placeholders.translate_protected`'s other strategies (in a worker thread, its batches still going
-        through the scheduler); a segment that fails them all comes back untranslated, never broken.
+        As `placeholders.translate_protected` does it (its order of attempts is the one measured best in
+        docs/LOCALIZATION.md): first the segment as it is, verified; a segment whose translation lost, duplicated
+        or invented a placeholder is retried with its placeholders masked, then piece by piece (in a worker thread,
+        its batches still going through the scheduler); a segment that fails them all comes back untranslated,
+        never broken. The first pass is awaited here, so most requests never leave the event loop.
         """
-        protected = [protect(segment) for segment in segments]
-        masked = list(dict.fromkeys(p.masked for p in protected if p.is_translatable))
-        raw = dict(zip(masked, await self._translate_segments(pair, masked), strict=True)) if masked else {}
+        protected = [protect(segment, style=DEFAULT_STYLE) for segment in segments]
+        wanted = list(dict.fromkeys(p.masked for p in protected if p.is_translatable))
+        raw = dict(zip(wanted, await self._translate_segments(pair, wanted), strict=True)) if wanted else {}
         translations: list[str | None] = []
         for segment, item in zip(segments, protected, strict=True):
             translations.append(restore(raw[item.masked], item) if item.is_translatable else segment)
@@ -263,8 +264,8 @@ class TranslationService:
                 translate_protected,
                 translate_batch,
                 [segments[index] for index in failing],
-                style="percent",
-                retry=("verbatim", "segments"),
+                style=DEFAULT_RETRY[0],  # the first attempt, as it is, was made above
+                retry=DEFAULT_RETRY[1:],
             )
             for index, result in zip(failing, results, strict=True):
                 if result.translation is None:
