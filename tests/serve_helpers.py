@@ -59,7 +59,7 @@ def slow_loader(delay: float):
 
 
 def make_service(delay: float | None = None, **settings) -> TranslationService:
-    settings = {"threads": 1, **settings}
+    settings = {"threads": 1, "sessions": 1, **settings}
     load = slow_loader(delay) if delay else load_translators
     return TranslationService([tiny_spec()], ServeSettings(**settings), load=load)
 

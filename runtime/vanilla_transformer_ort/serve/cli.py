@@ -35,7 +35,7 @@ def build_parser():
         "--sessions",
         type=positive_int,
         default=defaults.sessions,
-        help="onnxruntime sessions per model, each runs a batch (default 1)",
+        help="onnxruntime sessions per model, each runs a batch (default 2, or 1 on one core)",
     )
     parser.add_argument(
         "--threads", type=positive_int, default=None, help="threads a session (default: usable cores / sessions)"

@@ -1,0 +1,176 @@
+"""Load benchmark of `vt-serve`: closed-loop clients against a live server, with and without cross-request batching.
+
+    python -m benchmarks.serve_load --model outputs/main_job/onnx-int8 --num_beams 4
+    python -m benchmarks.serve_load --model onnx/base-int8 --clients 1 8 32 128 --seconds 20
+
+For each server mode (cross-request batching on; off, `--no_batching`) a fresh `vt-serve` subprocess serves the
+folder on a loopback port. At each concurrency level N, N asyncio clients (httpx) each send one UI string a request,
+waiting for the answer before sending the next, for `--seconds` after a short warm-up; strings are the English side
+of `--texts` (the held-out gettext test split by default), cycled from a fixed seed. "1 client" is one request at a
+time, whose p50 is the single-request latency the goals refer to. Reported: sentences/s, p50 and p99 latency, failed
+requests, and the server's CPU use (process CPU seconds per wall second, all its threads). Results go to
+`benchmarks/results/serve_load.json`. Not a timed test.
+
+Goals (2 cores, the main job's int8 export, beam 4): at 32 clients, sentences/s >= 4x batching off, and p99 latency
+<= 3x the single-request latency; no failed request at 128 clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+DEFAULT_TEXTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "gettext-en-de" / "test.tsv"
+RESULTS = Path(__file__).resolve().parent / "results" / "serve_load.json"
+
+
+def read_sources(path: Path) -> list[str]:
+    lines = path.read_text(encoding="utf-8").splitlines()[1:]
+    return [line.split("\t")[0] for line in lines if line.strip()]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_server(model: str, port: int, extra: list[str]) -> subprocess.Popen:
+    command = [sys.executable, "-m", "vanilla_transformer_ort.serve", model, "--port", str(port), "--log_level"]
+    command += ["warning", *extra]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_ready(url: str, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vt-serve exited with status {process.returncode}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not ready after {timeout} s")
+
+
+async def drive(url: str, pair: tuple[str, str], texts: list[str], clients: int, seconds: float, seed: int) -> dict:
+    """`clients` closed-loop clients for `seconds`: latencies of the answered requests and the failures."""
+    rng = random.Random(seed)
+    order = texts[:]
+    rng.shuffle(order)
+    latencies: list[float] = []
+    failures = 0
+    counter = iter(range(10**9))
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        stop = time.monotonic() + seconds
+
+        async def one_client():
+            nonlocal failures
+            while time.monotonic() < stop:
+                text = order[next(counter) % len(order)]
+                started = time.perf_counter()
+                try:
+                    answer = await client.post("/translate", json={"q": text, "source": pair[0], "target": pair[1]})
+                    ok = answer.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    latencies.append(time.perf_counter() - started)
+                else:
+                    failures += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+        wall = time.perf_counter() - started
+    latencies.sort()
+    return {
+        "clients": clients,
+        "answered": len(latencies),
+        "failed": failures,
+        "seconds": wall,
+        "sentences_per_s": len(latencies) / wall,
+        "p50_ms": 1000 * statistics.median(latencies) if latencies else None,
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None,
+    }
+
+
+def run_mode(args, name: str, extra: list[str], texts: list[str], port: int) -> list[dict]:
+    url = f"http://127.0.0.1:{port}"
+    process = start_server(args.model, port, extra)
+    try:
+        wait_ready(url, process)
+        languages = httpx.get(f"{url}/languages").json()
+        source = next(language for language in languages if language["targets"])
+        pair = (source["code"], source["targets"][0])
+        asyncio.run(drive(url, pair, texts, 4, args.warmup, seed=0))  # warm-up: every session, allocator, cache
+        rows = []
+        for clients in args.clients:
+            before = cpu_seconds(process.pid)
+            row = asyncio.run(drive(url, pair, texts, clients, args.seconds, seed=clients))
+            row["cpu_cores"] = (cpu_seconds(process.pid) - before) / row["seconds"]
+            row["mode"] = name
+            rows.append(row)
+            print(
+                f"{name:13s} {clients:4d} clients: {row['sentences_per_s']:7.1f} sentences/s, "
+                f"p50 {row['p50_ms']:7.1f} ms, p99 {row['p99_ms']:7.1f} ms, failed {row['failed']}, "
+                f"CPU {row['cpu_cores']:.2f} cores",
+                flush=True,
+            )
+        return rows
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="export folder (or SRC-TGT=FOLDER) to serve")
+    parser.add_argument("--texts", type=Path, default=DEFAULT_TEXTS, help="TSV with a header; column 1 is sent")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per level")
+    parser.add_argument("--warmup", type=float, default=5.0, help="warm-up seconds per server")
+    parser.add_argument("--num_beams", type=int, default=4)
+    parser.add_argument("--server_args", default="", help="extra vt-serve flags, e.g. '--sessions 2 --threads 1'")
+    parser.add_argument("--port", type=int, default=5077)
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    texts = read_sources(args.texts)
+    common_flags = ["--num_beams", str(args.num_beams), *args.server_args.split()]
+    rows = run_mode(args, "batching", common_flags, texts, args.port)
+    rows += run_mode(args, "batching off", [*common_flags, "--no_batching"], texts, args.port + 1)
+    single = next(r for r in rows if r["mode"] == "batching" and r["clients"] == 1)
+    print(
+        "\n| clients | batching: sentences/s | p50 ms | p99 ms | CPU cores | off: sentences/s | p50 ms | p99 ms "
+        "| speed-up | p99 / single | failed |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for clients in args.clients:
+        on = next(r for r in rows if r["mode"] == "batching" and r["clients"] == clients)
+        off = next(r for r in rows if r["mode"] == "batching off" and r["clients"] == clients)
+        print(
+            f"| {clients} | {on['sentences_per_s']:.1f} | {on['p50_ms']:.0f} | {on['p99_ms']:.0f} | "
+            f"{on['cpu_cores']:.2f} | {off['sentences_per_s']:.1f} | {off['p50_ms']:.0f} | {off['p99_ms']:.0f} | "
+            f"{on['sentences_per_s'] / off['sentences_per_s']:.2f}x | {on['p99_ms'] / single['p50_ms']:.2f}x | "
+            f"{on['failed']} / {off['failed']} |"
+        )
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    record = {"model": args.model, "num_beams": args.num_beams, "server_args": args.server_args, "rows": rows}
+    args.output.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"\nWrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
