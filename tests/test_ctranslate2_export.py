@@ -10,7 +10,14 @@ import torch
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
-from tests.onnx_helpers import CONFIG, SENTENCES, build_tokenizer, load_trained_model, trained_model_dir  # noqa: E402
+from tests.onnx_helpers import (  # noqa: E402
+    CONFIG,
+    SENTENCES,
+    build_tokenizer,
+    copying_model_dir,
+    load_trained_model,
+    trained_model_dir,
+)
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
 from vanilla_transformer.export.ctranslate2_export import (  # noqa: E402
     _fit_vocabulary,
@@ -198,14 +205,16 @@ def test_position_limit(tmp_path):
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int8_float32", "float16"])
-def test_quantized_export_runs(trained_export, tmp_path, quantization):
-    folder = export_ctranslate2(trained_model_dir(), tmp_path / quantization, quantization=quantization)
-    assert (folder / "model.bin").stat().st_size < (trained_export / "model.bin").stat().st_size
+def test_quantized_export_runs(tmp_path, quantization):
+    """A model that copies (`copying_model_dir`), quantized, against its float32 export."""
+    reference_folder = export_ctranslate2(copying_model_dir(), tmp_path / "float32")
+    folder = export_ctranslate2(copying_model_dir(), tmp_path / quantization, quantization=quantization)
+    assert (folder / "model.bin").stat().st_size < (reference_folder / "model.bin").stat().st_size
     tokenizer = build_tokenizer()
     sources = [source_tokens(tokenizer, s) for s in SOURCES]
     options = generation_options(num_beams=4, max_new_tokens=24)
     quantized = translator(folder).translate_batch(sources, **options)
-    reference = translator(trained_export).translate_batch(sources, **options)
+    reference = translator(reference_folder).translate_batch(sources, **options)
     assert all(result.hypotheses[0] for result in quantized)
     # A trained copy model: int8 keeps the output's length and nearly every token. Counted per token, not per
     # sentence: CTranslate2 picks its int8 kernels by CPU, and at d_model 32 one rounding step can change one letter
