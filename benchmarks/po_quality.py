@@ -31,8 +31,8 @@ from vanilla_transformer_ort.placeholders import (
     PYTHON_FORMAT,
     placeholders,
     same_placeholders,
-    translate_protected,
 )
+from vanilla_transformer_ort.protected_translation import translate_protected
 
 DESKTOP_CATALOGS = (
     "PackageKit",

@@ -9,9 +9,9 @@ from vanilla_transformer_ort.placeholders import (
     protect,
     restore,
     same_placeholders,
-    translate_protected,
     unknown_flags,
 )
+from vanilla_transformer_ort.protected_translation import translate_protected
 
 C = ("c-format",)
 

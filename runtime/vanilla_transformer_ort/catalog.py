@@ -1,5 +1,5 @@
 """Machine pre-translation of gettext catalogs: read .pot/.po/.mo with polib, fill the untranslated entries (plural
-forms included) through `placeholders.translate_protected`, mark them fuzzy, write a .po atomically.
+forms included) through `protected_translation.translate_protected`, mark them fuzzy, write a .po atomically.
 
 Torch-free: the translation itself is any `translate_batch(list[str]) -> list[str]` (see po_cli.py).
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import polib
 
-from .placeholders import DEFAULT_RETRY, DEFAULT_STYLE, Result, translate_protected, unknown_flags
+from .placeholders import unknown_flags
+from .protected_translation import DEFAULT_RETRY, DEFAULT_STYLE, Result, translate_protected
 
 GENERATOR = "vt-translate-po 0.1.0 (vanilla-transformer)"
 MO_MAGIC = (b"\xde\x12\x04\x95", b"\x95\x04\x12\xde")

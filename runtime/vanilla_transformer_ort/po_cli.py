@@ -24,7 +24,8 @@ from .catalog import (
 )
 from .cli_common import make_parser, positive_int, run_cli
 from .contract import CONFIG_FILE, ENCODER_FILE
-from .placeholders import DEFAULT_RETRY, DEFAULT_STYLE, STRATEGIES, STYLES
+from .placeholders import STYLES
+from .protected_translation import DEFAULT_RETRY, DEFAULT_STYLE, STRATEGIES
 
 VERSION = "0.1.0"
 PROG = "vt-translate-po"

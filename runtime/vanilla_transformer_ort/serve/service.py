@@ -13,7 +13,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..placeholders import DEFAULT_RETRY, DEFAULT_STYLE, protect, restore, translate_protected
+from ..placeholders import protect, restore
+from ..protected_translation import DEFAULT_RETRY, DEFAULT_STYLE, translate_protected
 from .batching import BatchScheduler, BatchStats, Engine, QueueFull, ShuttingDown
 from .models import ModelSpec, language_name
 from .settings import ServeSettings
@@ -240,7 +241,7 @@ class TranslationService:
     async def _translate_protected(self, pair: ServedPair, segments: list[str]) -> list[str]:
         """Translations that keep every placeholder of their segment (`%s`, `{0}`, `<b>`, `&amp;`, URLs, ...).
 
-        As `placeholders.translate_protected` does it (its order of attempts is the one measured best in
+        As `protected_translation.translate_protected` does it (its order of attempts is the one measured best in
         docs/LOCALIZATION.md): first the segment as it is, verified; a segment whose translation lost, duplicated
         or invented a placeholder is retried with its placeholders masked, then piece by piece (in a worker thread,
         its batches still going through the scheduler); a segment that fails them all comes back untranslated,
