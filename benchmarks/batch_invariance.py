@@ -32,14 +32,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num_beams", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no_pruning", action="store_true", help="decode finished sentences to the batch's end")
+    parser.add_argument("--decoder_cache", choices=["auto", "inplace", "copy"], default="auto")
     args = parser.parse_args(argv)
     if args.no_pruning:
-        from vanilla_transformer_ort.decoder_state import NumpyState
+        from vanilla_transformer_ort.decoder_state import InPlaceState, NumpyState
 
-        NumpyState.keep_rows = None  # the searches then decode every row until the batch ends
+        NumpyState.keep_rows = InPlaceState.keep_rows = None  # the searches then decode every row to the batch's end
     lines = args.texts.read_text(encoding="utf-8").splitlines()[1:]
     texts = [line.split("\t")[0] for line in lines if line.strip()][: args.sentences]
-    translator = OrtTranslator(args.model, provider="cpu", intra_op_num_threads=args.threads)
+    translator = OrtTranslator(
+        args.model, provider="cpu", intra_op_num_threads=args.threads, decoder_cache=args.decoder_cache
+    )
 
     started = time.perf_counter()
     alone = [translator.translate([text], num_beams=args.num_beams)[0] for text in texts]

@@ -356,13 +356,21 @@ def prepare_artifacts(workdir: Path = DEFAULT_WORKDIR, with_onnx: bool = True, l
     if with_onnx and onnx_available():
         for quantization in ("fp32", "int8"):
             out = paths[f"onnx-{quantization}"]
-            if not (out / "manifest.json").exists():  # written last by the exporter
+            if not _current_export(out):
                 log(f"exporting vanilla-transformer to ONNX ({quantization}) in {out}")
                 _, times[f"onnx-{quantization}"] = timed(
                     lambda q=quantization, o=out: export_onnx(paths["vanilla"], o, q)
                 )
     times_file.write_text(json.dumps(times, indent=2))
     return paths
+
+
+def _current_export(folder: Path) -> bool:
+    """An export folder written completely (the manifest comes last) in the current format version."""
+    from vanilla_transformer_ort.contract import MANIFEST_FILE, MANIFEST_FORMAT_VERSION
+
+    manifest = folder / MANIFEST_FILE
+    return manifest.exists() and json.loads(manifest.read_text()).get("format_version") == MANIFEST_FORMAT_VERSION
 
 
 def convert_ct2(marian_dir: Path, output_dir: Path, quantization: str) -> None:

@@ -2,7 +2,8 @@
 export), CTranslate2 running the Marian model.
 
 Every system translates the same random 24-token sources into exactly 32 new tokens (EOS is masked until then), with
-greedy search and beam 4, at batch 1 and 16. Systems are timed interleaved, round after round, on pinned threads.
+greedy search and beam 4, at batch 1 and 16; one more row decodes 128 new tokens (greedy, batch 1), where a decoder
+that copies its cache every step pays most. Systems are timed interleaved, round after round, on pinned threads.
 
     python -m benchmarks.generate_speed --rounds 7
 """
@@ -26,6 +27,8 @@ ROWS = {  # name -> (num_beams, batch)
     "beam 4, batch 1": (4, 1),
     "beam 4, batch 16": (4, 16),
 }
+# Rows with another output length: name -> (num_beams, batch, new tokens).
+LONG_ROWS = {"greedy, batch 1, 128 new tokens": (1, 1, 128)}
 REFERENCE = "transformers Marian"
 # Reported ratios of the field (issue 6), for the README's comparison; measured before this package existed.
 FIELD = {
@@ -35,7 +38,8 @@ FIELD = {
     "beam 4, batch 16": {"CTranslate2 fp32": 1.27, "CTranslate2 int8": 2.59},
 }
 
-Generate = Callable[[np.ndarray, int], list[list[int]]]  # (source ids (batch, len), num_beams) -> new tokens per row
+# (source ids (batch, len), num_beams[, new tokens]) -> new tokens per row
+Generate = Callable[..., list[list[int]]]
 
 
 def source_ids(batch: int, seed: int = common.SEED) -> np.ndarray:
@@ -53,15 +57,15 @@ def token_agreement(tokens: list[list[int]], reference: list[list[int]]) -> floa
 def hf_generate(model) -> Generate:
     import torch
 
-    def run(ids: np.ndarray, num_beams: int) -> list[list[int]]:
+    def run(ids: np.ndarray, num_beams: int, new_tokens: int = NEW_TOKENS) -> list[list[int]]:
         input_ids = torch.from_numpy(ids)
         out = model.generate(
             input_ids=input_ids,
             attention_mask=torch.ones_like(input_ids),
             num_beams=num_beams,
             do_sample=False,
-            min_new_tokens=NEW_TOKENS,
-            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=new_tokens,
+            max_new_tokens=new_tokens,
             forced_eos_token_id=None,
             length_penalty=1.0,
         )
@@ -78,13 +82,13 @@ def ct2_generate(path: Path, threads: int, vocab: list[str] | None = None) -> Ge
     vocab = vocab or common.marian_vocabulary()
     index = {tok: i for i, tok in enumerate(vocab)}
 
-    def run(ids: np.ndarray, num_beams: int) -> list[list[int]]:
+    def run(ids: np.ndarray, num_beams: int, new_tokens: int = NEW_TOKENS) -> list[list[int]]:
         source = [[vocab[i] for i in row] for row in ids.tolist()]
         results = translator.translate_batch(
             source,
             beam_size=num_beams,
-            min_decoding_length=NEW_TOKENS,
-            max_decoding_length=NEW_TOKENS,
+            min_decoding_length=new_tokens,
+            max_decoding_length=new_tokens,
             length_penalty=1.0,
         )
         return [[index[tok] for tok in r.hypotheses[0]] for r in results]
@@ -92,7 +96,8 @@ def ct2_generate(path: Path, threads: int, vocab: list[str] | None = None) -> Ge
     return run
 
 
-def ort_generate(path: Path, threads: int) -> Generate:
+def ort_generate(path: Path, threads: int, decoder_cache: str = "auto") -> Generate:
+    """The runtime on `path`; `decoder_cache="copy"` runs the decoder graph that copies its cache every step."""
     from vanilla_transformer_ort import OrtTranslator
 
     # onnxruntime's own thread pool spins like OpenMP's ACTIVE policy; follow the policy the other systems run with.
@@ -102,15 +107,16 @@ def ort_generate(path: Path, threads: int) -> Generate:
         provider="cpu",
         intra_op_num_threads=threads,
         session_config={"session.intra_op.allow_spinning": spinning},
+        decoder_cache=decoder_cache,
     )
 
-    def run(ids: np.ndarray, num_beams: int) -> list[list[int]]:
+    def run(ids: np.ndarray, num_beams: int, new_tokens: int = NEW_TOKENS) -> list[list[int]]:
         out = translator.generate(
             ids,
             np.ones_like(ids),
             num_beams=num_beams,
-            min_new_tokens=NEW_TOKENS,
-            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=new_tokens,
+            max_new_tokens=new_tokens,
             forced_eos_token_id=None,
             length_penalty=1.0,
         )
@@ -149,14 +155,19 @@ def load_systems(paths: dict[str, Path], threads: int, only: list[str] | None = 
     if common.onnx_available():
         loaders["vanilla ORT fp32"] = lambda: ort_generate(paths["onnx-fp32"], threads)
         loaders["vanilla ORT int8"] = lambda: ort_generate(paths["onnx-int8"], threads)
-    optional = ("vanilla PyTorch eager-attn", "Marian eager-attn")  # attention-backend comparison, on request
+        # the A/B of the in-place decoder: the same folders' copying decoder graph
+        loaders["vanilla ORT fp32 copy"] = lambda: ort_generate(paths["onnx-fp32"], threads, "copy")
+        loaders["vanilla ORT int8 copy"] = lambda: ort_generate(paths["onnx-int8"], threads, "copy")
+    # attention-backend and decoder-cache comparisons, on request
+    optional = ("vanilla PyTorch eager-attn", "Marian eager-attn", "vanilla ORT fp32 copy", "vanilla ORT int8 copy")
     names = [n for n in loaders if (n in only if only is not None else n not in optional) or n == REFERENCE]
     return {name: loaders[name]() for name in names}
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = common.generation_arguments(__doc__, rounds=7, name="generate_speed")
-    parser.add_argument("--rows", nargs="*", choices=list(ROWS), default=list(ROWS))
+    all_rows = {**{name: (*shape, NEW_TOKENS) for name, shape in ROWS.items()}, **LONG_ROWS}
+    parser.add_argument("--rows", nargs="*", choices=list(all_rows), default=list(all_rows))
     args = parser.parse_args(argv)
 
     common.pin_threads(args.threads)
@@ -167,16 +178,16 @@ def main(argv: list[str] | None = None) -> dict:
 
     results: dict[str, dict] = {}
     for row in args.rows:
-        num_beams, batch = ROWS[row]
+        num_beams, batch, new_tokens = all_rows[row]
         ids = source_ids(batch)
-        outputs = {name: generate(ids, num_beams) for name, generate in systems.items()}
-        for name, tokens in outputs.items():  # identical work: exactly NEW_TOKENS new tokens per row, everywhere
+        outputs = {name: generate(ids, num_beams, new_tokens) for name, generate in systems.items()}
+        for name, tokens in outputs.items():  # identical work: exactly new_tokens per row, everywhere
             lengths = {len(row_tokens) for row_tokens in tokens}
-            if lengths != {NEW_TOKENS}:
-                raise RuntimeError(f"{name} produced {lengths} new tokens on {row!r}, expected {NEW_TOKENS}")
+            if lengths != {new_tokens}:
+                raise RuntimeError(f"{name} produced {lengths} new tokens on {row!r}, expected {new_tokens}")
         log(f"{row}:")
         times = common.run_interleaved(
-            {name: (lambda g=g, i=ids, k=num_beams: g(i, k)) for name, g in systems.items()},
+            {name: (lambda g=g, i=ids, k=num_beams, n=new_tokens: g(i, k, n)) for name, g in systems.items()},
             rounds=args.rounds,
             warmup=args.warmup,
             log=log,

@@ -22,6 +22,7 @@ from vanilla_transformer_ort.contract import (
     BEAM_SCORES_FILE,
     DECODER_FILE,
     ENCODER_FILE,
+    INPLACE_DECODER_FILE,
     MANIFEST_FILE,
     REORDER_FILE,
     decoder_input_names,
@@ -207,12 +208,25 @@ def test_export_folder_is_self_contained(export_dir):
     assert [i["name"] for i in io["inputs"]] == decoder_input_names(LAYERS)
     assert io["inputs"][2]["dtype"] == "FLOAT" and io["inputs"][0]["dtype"] == "INT64"
     assert manifest["validation"]["fp32"]["logits"] < FP32_TOLERANCE
+    # format version 2: the in-place decoder too, checked on the same grid (its beams sharing one cross K/V)
+    assert manifest["format_version"] == 2 and manifest["decoder_cache"] == "inplace"
+    assert (export_dir / INPLACE_DECODER_FILE).is_file()
+    inplace_inputs = [i["name"] for i in manifest["graphs"][INPLACE_DECODER_FILE]["inputs"]]
+    assert (
+        inplace_inputs == decoder_input_names(LAYERS)[:2] + ["total_sequence_length"] + decoder_input_names(LAYERS)[2:]
+    )
+    validation = manifest["validation"]["fp32"]
+    assert validation["inplace_logits"] < FP32_TOLERANCE and validation["inplace_present"] < FP32_TOLERANCE
 
 
 def _variant(export_dir: Path, tmp_path: Path, dtype: str, quantize: str | None) -> Path:
+    """What `export_model` writes for a variant: fp16 folders have only the copying decoder."""
     target = tmp_path / f"{dtype}-{quantize}"
     shutil.copytree(export_dir, target)
-    optimize_variant(target, dtype, quantize)
+    inplace = dtype == "fp32"
+    if not inplace:
+        (target / INPLACE_DECODER_FILE).unlink()
+    optimize_variant(target, dtype, quantize, inplace=inplace)
     return target
 
 
@@ -253,9 +267,11 @@ def test_int8_variant_has_its_own_output_projection_and_runs(model, export_dir, 
     # no node left without a consumer (onnxruntime would run it anyway, e.g. a dequantized transposed table)
     consumed = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
     assert [n.name for n in graph.node if not set(n.output) & consumed] == []
+    inplace = onnx.load(str(folder / INPLACE_DECODER_FILE)).graph
+    assert any(n.op_type in ("DynamicQuantizeLinear", "MatMulInteger") for n in inplace.node)
     summary = validate_export(model, folder)
     print({k: v for k, v in summary.items() if k != "cases"})
-    assert summary["logits"] < 0.5
+    assert summary["logits"] < 0.5 and summary["inplace_logits"] < 0.5
     assert (folder / DECODER_FILE).stat().st_size < (export_dir / DECODER_FILE).stat().st_size
 
 

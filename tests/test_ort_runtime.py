@@ -24,9 +24,12 @@ def model():
     return load_trained_model()
 
 
-@pytest.fixture(scope="module")
-def translator() -> OrtTranslator:
-    return OrtTranslator(trained_export_dir(), provider="cpu", intra_op_num_threads=1)
+@pytest.fixture(scope="module", params=["inplace", "copy"])
+def translator(request) -> OrtTranslator:
+    """Both decoders of an export folder: the in-place one (the default on CPU) and the copying one."""
+    translator = OrtTranslator(trained_export_dir(), provider="cpu", decoder_cache=request.param)
+    assert translator.inplace == (request.param == "inplace")
+    return translator
 
 
 @pytest.fixture(scope="module")
@@ -330,23 +333,72 @@ def test_unsupported_generation_config_is_refused(tmp_path):
 def test_finished_sentences_leave_the_batch(translator, batch, monkeypatch, num_beams):
     """Sentences that finish early stop being decoded (the decoder's batch shrinks), and the outputs are those of
     decoding every row to the end."""
-    from vanilla_transformer_ort.decoder_state import NumpyState
+    from vanilla_transformer_ort.decoder_state import InPlaceState, NumpyState
 
+    state_class = InPlaceState if translator.inplace else NumpyState
     rows = []
-    run = NumpyState._run
+    run = state_class._run
 
     def counting_run(self, last_tokens):
         rows.append(last_tokens.shape[0])
         return run(self, last_tokens)
 
-    monkeypatch.setattr(NumpyState, "_run", counting_run)
+    monkeypatch.setattr(state_class, "_run", counting_run)
     ids, mask = batch[0].numpy(), batch[1].numpy()
     pruned = translator.generate(ids, mask, num_beams=num_beams, max_new_tokens=15)
     pruned_rows = rows[:]
     rows.clear()
-    monkeypatch.setattr(NumpyState, "keep_rows", None)
+    monkeypatch.setattr(state_class, "keep_rows", None)
     full = translator.generate(ids, mask, num_beams=num_beams, max_new_tokens=15)
     np.testing.assert_array_equal(pruned, full)
     assert set(rows) == {len(ids) * num_beams}  # without keep_rows: every row, every step
     assert pruned_rows[0] == len(ids) * num_beams and pruned_rows[-1] < pruned_rows[0]
     assert sum(pruned_rows) < sum(rows)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_inplace_cache_grows_and_stays_token_identical(model, batch, monkeypatch, num_beams):
+    """The in-place decoder's buffers start small and double as outputs grow (here from 2 positions to 16); the
+    tokens stay those of `generate()`, and no step ever copies the cache into new outputs."""
+    from vanilla_transformer_ort.decoder_state import InPlaceState
+
+    translator = OrtTranslator(trained_export_dir(), provider="cpu", decoder_cache="inplace")
+    monkeypatch.setattr(translator, "INITIAL_CACHE_CAPACITY", 2)
+    capacities, grow = [], InPlaceState._grow
+
+    def recording_grow(self, needed):
+        grow(self, needed)
+        capacities.append(self.capacity)
+
+    monkeypatch.setattr(InPlaceState, "_grow", recording_grow)
+    expected = _generate(model, batch, num_beams=num_beams, max_new_tokens=15)
+    actual = translator.generate(batch[0].numpy(), batch[1].numpy(), num_beams=num_beams, max_new_tokens=15)
+    np.testing.assert_array_equal(actual, expected)
+    assert capacities[:3] == [4, 8, 16]
+
+
+def test_inplace_decoder_writes_into_the_bound_buffers(batch):
+    """The present outputs are the past buffers themselves: after a step, the buffers hold the new position."""
+    translator = OrtTranslator(trained_export_dir(), provider="cpu", decoder_cache="inplace")
+    state = translator._start(batch[0].numpy(), batch[1].numpy(), num_beams=2, max_length=8)
+    buffers = dict(state.buffers)
+    before = {name: buffer.copy() for name, buffer in buffers.items()}
+    start = np.full((batch[0].shape[0] * 2, 1), translator.settings.decoder_start_token_id)
+    state.step(start)
+    state.step(start)
+    assert state.length == 2 and all(state.buffers[name] is buffer for name, buffer in buffers.items())
+    for name, buffer in buffers.items():
+        assert not np.array_equal(buffer[:, :, :2], before[name][:, :, :2]), name  # written in place
+        np.testing.assert_array_equal(buffer[:, :, 2:], before[name][:, :, 2:])  # nothing beyond the length
+        np.testing.assert_array_equal(buffer[0::2], buffer[1::2])  # both beams of a source: same cache
+
+
+def test_inplace_decoder_refuses_a_folder_without_it(tmp_path):
+    folder = tmp_path / "copy-only"
+    shutil.copytree(trained_export_dir(), folder)
+    (folder / "decoder_model_inplace.onnx").unlink()
+    assert not OrtTranslator(folder, provider="cpu").inplace  # "auto" reads the folder as format version 1
+    with pytest.raises(ValueError, match="decoder_model_inplace.onnx"):
+        OrtTranslator(folder, provider="cpu", decoder_cache="inplace")
+    with pytest.raises(ValueError, match="decoder_cache"):
+        OrtTranslator(folder, provider="cpu", decoder_cache="fast")

@@ -9,9 +9,11 @@ from __future__ import annotations
 # Files of an export folder.
 ENCODER_FILE = "encoder_model.onnx"
 DECODER_FILE = "decoder_model.onnx"
+# optional (format version 2): the decoder step whose self-attention cache is a preallocated buffer written in place
+INPLACE_DECODER_FILE = "decoder_model_inplace.onnx"
 REORDER_FILE = "cache_reorder.onnx"  # optional helper graph: beam reordering where the cache lives
 BEAM_SCORES_FILE = "beam_scores.onnx"  # optional helper graph: a beam step's log-softmax and top k in onnxruntime
-GRAPH_FILES = (ENCODER_FILE, DECODER_FILE, REORDER_FILE, BEAM_SCORES_FILE)
+GRAPH_FILES = (ENCODER_FILE, DECODER_FILE, INPLACE_DECODER_FILE, REORDER_FILE, BEAM_SCORES_FILE)
 MANIFEST_FILE = "manifest.json"
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -21,7 +23,7 @@ TOKENIZER_FILE = "tokenizer.json"
 SAVED_TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json")
 TOKENIZER_FILES = (*SAVED_TOKENIZER_FILES, "special_tokens_map.json")
 MANIFEST_FORMAT = "vanilla-transformer-onnx"
-MANIFEST_FORMAT_VERSION = 1
+MANIFEST_FORMAT_VERSION = 2  # 2 adds decoder_model_inplace.onnx; folders of version 1 are still read
 
 # Symbolic dimensions of the encoder and decoder graphs.
 BATCH_DIM = "batch_size"
@@ -40,6 +42,8 @@ ENCODER_ATTENTION_MASK = "encoder_attention_mask"
 LOGITS = "logits"
 PAST_PREFIX = "past_key_values"
 PRESENT_PREFIX = "present"
+# The in-place decoder graph's third input: () int32, the past length plus the new tokens (onnxruntime's name).
+TOTAL_SEQUENCE_LENGTH = "total_sequence_length"
 
 # cache_reorder.onnx: `beam_idx` and every past self-attention K/V in, `reordered.{i}.decoder.{key,value}` out.
 REORDER_INDEX = "beam_idx"

@@ -1,4 +1,5 @@
-"""The decoder's past cache between steps: as numpy arrays (`NumpyState`) or on the device (`BoundState`).
+"""The decoder's past cache between steps: as numpy arrays (`NumpyState`), on the device (`BoundState`), or in
+preallocated buffers that the in-place decoder graph writes (`InPlaceState`).
 
 Both implement `search.DecoderState`: `step` runs the decoder graph once and keeps its `present.*` outputs as the next
 step's `past_key_values.*`; `reorder` follows the surviving beams; with the `beam_scores.onnx` helper session,
@@ -16,6 +17,7 @@ from .contract import (
     INPUT_IDS,
     LOGITS,
     REORDER_INDEX,
+    TOTAL_SEQUENCE_LENGTH,
     past_name,
     reordered_name,
 )
@@ -190,3 +192,122 @@ class BoundState(CacheState):
         self.reorder_session.run_with_iobinding(binding)
         for name, value in zip(self.past_names, binding.get_outputs(), strict=True):
             self.on_device[name] = value
+
+
+class InPlaceState(CacheState):
+    """Decoder cache in preallocated buffers that the in-place decoder graph (`decoder_model_inplace.onnx`) writes.
+
+    Each `past_key_values.{i}.decoder.*` input and its `present.{i}.decoder.*` output are bound (I/O binding) to the
+    same numpy buffer of shape (rows, heads, capacity, d_k), so onnxruntime's `GroupQueryAttention` writes a step's
+    keys and values in place instead of copying the cache into new outputs. The buffers start at `capacity`
+    positions and double when a step would overflow them (one copy of what was decoded so far, as a growing array
+    does). The cross-attention keys/values and the source mask are held once per source, (batch, ...), and read by
+    all `num_beams` rows of that source. The logits of one step live in a buffer that the next step overwrites.
+    """
+
+    def __init__(
+        self,
+        session,
+        cross: dict[str, np.ndarray],
+        mask: np.ndarray,
+        num_beams: int,
+        num_heads: int,
+        d_head: int,
+        vocab_size: int,
+        scorer=None,
+        capacity: int = 16,
+    ):
+        super().__init__(session, vocab_size, scorer)
+        self.ort = import_onnxruntime()
+        self.num_beams, self.length = num_beams, 0
+        self.cross, self.mask = cross, mask
+        self.cache_names = [past_name(name) for name in self.output_names[1:]]  # past_key_values.{i}.decoder.*
+        rows = mask.shape[0] * num_beams
+        shape = (rows, num_heads, max(1, capacity), d_head)
+        self.buffers = {name: np.zeros(shape, dtype=np.float32) for name in self.cache_names}
+        self.binding = session.io_binding()
+        self._bind_sources()
+        self._bind_cache()
+
+    def _value(self, array: np.ndarray):
+        """An OrtValue over the array's own memory (CPU): onnxruntime reads and writes the numpy buffer."""
+        return self.ort.OrtValue.ortvalue_from_numpy(array)
+
+    def _bind_sources(self) -> None:
+        self.mask = np.ascontiguousarray(self.mask, dtype=np.int64)
+        self.cross = {name: np.ascontiguousarray(value) for name, value in self.cross.items()}
+        self.binding.bind_ortvalue_input(ENCODER_ATTENTION_MASK, self._value(self.mask))
+        for name, value in self.cross.items():
+            self.binding.bind_ortvalue_input(name, self._value(value))
+
+    def _bind_cache(self) -> None:
+        rows = next(iter(self.buffers.values())).shape[0]
+        self.logits = np.empty((rows, 1, self.vocab_size), dtype=np.float32)  # the usual one-token step
+        for name, output in zip(self.cache_names, self.output_names[1:], strict=True):
+            value = self._value(self.buffers[name])
+            self.binding.bind_ortvalue_input(name, value)
+            self.binding.bind_ortvalue_output(output, value)  # the same buffer: written in place
+
+    @property
+    def capacity(self) -> int:
+        return next(iter(self.buffers.values())).shape[2]
+
+    def _grow(self, needed: int) -> None:
+        """Re-allocate every buffer for at least `needed` positions, keeping the `length` decoded so far."""
+        capacity = max(needed, 2 * self.capacity)
+        for name, old in self.buffers.items():
+            new = np.zeros((*old.shape[:2], capacity, old.shape[3]), dtype=old.dtype)
+            new[:, :, : self.length] = old[:, :, : self.length]
+            self.buffers[name] = new
+        self._bind_cache()
+
+    def _run(self, last_tokens: np.ndarray) -> np.ndarray:
+        """One decoder step written into the cache buffers; returns the logits (rows, new_tokens, vocab)."""
+        rows, new = last_tokens.shape
+        if new > 1 and self.length > 0 and rows > 1:
+            raise ValueError(
+                "onnxruntime's GroupQueryAttention takes several new tokens after a past only for one row; "
+                "decode one token per step, or use the copying decoder (decoder_cache='copy')"
+            )
+        total = self.length + new
+        if total > self.capacity:
+            self._grow(total)
+        binding = self.binding
+        binding.bind_cpu_input(INPUT_IDS, np.ascontiguousarray(last_tokens, dtype=np.int64))
+        binding.bind_cpu_input(TOTAL_SEQUENCE_LENGTH, np.array(total, dtype=np.int32))
+        if new == 1:
+            binding.bind_ortvalue_output(LOGITS, self._value(self.logits))
+        else:
+            binding.bind_output(LOGITS, "cpu")
+        self.session.run_with_iobinding(binding)
+        self.length = total
+        return self.logits if new == 1 else binding.get_outputs()[0].numpy()
+
+    def step(self, last_tokens: np.ndarray) -> np.ndarray:
+        return self._run(last_tokens)[:, -1, :]  # (rows, vocab), a view into the logits buffer
+
+    def step_top_k(
+        self, last_tokens: np.ndarray, running_scores: np.ndarray, bias: np.ndarray, batch_size: int, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        self._require_scorer()
+        feed = {LOGITS: self._run(last_tokens), **scores_feed(running_scores, bias, batch_size, k)}
+        values, indices = self.scorer.run(None, feed)
+        return values, indices
+
+    def reorder(self, rows: np.ndarray) -> None:
+        """Keep cache rows `rows`, in place: only the decoded positions of rows whose beam changed are copied."""
+        changed = np.flatnonzero(rows != np.arange(rows.shape[0]))
+        if changed.size == 0:
+            return
+        sources, length = rows[changed], self.length
+        for buffer in self.buffers.values():
+            buffer[changed, :, :length] = buffer[sources, :, :length]  # the right side is gathered first
+
+    def keep_rows(self, rows: np.ndarray) -> None:
+        """Only `rows` (whole sentences: all beams of a source) stay; the buffers, cross K/V and mask shrink."""
+        self.buffers = {name: np.ascontiguousarray(buffer[rows]) for name, buffer in self.buffers.items()}
+        sources = rows[:: self.num_beams] // self.num_beams
+        self.cross = {name: value[sources] for name, value in self.cross.items()}
+        self.mask = self.mask[sources]
+        self._bind_sources()
+        self._bind_cache()

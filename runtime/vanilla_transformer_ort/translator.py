@@ -25,6 +25,7 @@ from .contract import (
     DECODER_FILE,
     ENCODER_FILE,
     GENERATION_CONFIG_FILE,
+    INPLACE_DECODER_FILE,
     INPUT_IDS,
     LAST_HIDDEN_STATE,
     PAST_PREFIX,
@@ -34,7 +35,7 @@ from .contract import (
     is_self_attention,
     past_name,
 )
-from .decoder_state import BoundState, NumpyState
+from .decoder_state import BoundState, InPlaceState, NumpyState
 from .marian_tokenizer import MarianSentencePieceTokenizer, is_marian_tokenizer_folder
 from .search import DecoderState, GenerationSettings, beam_search, greedy_search
 from .sessions import PROVIDERS, create_session, resolve_provider, session_options
@@ -159,7 +160,15 @@ class OrtTranslator:
         session_config: extra onnxruntime session config entries, e.g. `{"session.intra_op.allow_spinning": "0"}`.
         disabled_optimizers: onnxruntime graph fusions to skip; by default `CPU_DISABLED_OPTIMIZERS` on the CPU
             provider (slower fused kernels, see `create_session`) and none on CUDA; `()` keeps them all.
+        decoder_cache: "inplace" runs `decoder_model_inplace.onnx`, whose self-attention cache is a preallocated
+            buffer written in place and whose cross-attention keys/values are held once per source (not per beam);
+            "copy" runs `decoder_model.onnx`, which returns the grown cache every step. "auto" (the default) takes
+            the in-place graph on the CPU provider where the folder has it (export format version 2), else "copy".
     """
+
+    # Positions the in-place decoder's cache buffers hold at first (capped at the generation's maximum length); they
+    # double when a longer output needs it.
+    INITIAL_CACHE_CAPACITY = 32
 
     def __init__(
         self,
@@ -170,6 +179,7 @@ class OrtTranslator:
         enable_cpu_mem_arena: bool = False,
         session_config: dict[str, str] | None = None,
         disabled_optimizers: Sequence[str] | None = None,
+        decoder_cache: str = "auto",
     ):
         self.folder = Path(folder)
         if not self.folder.is_dir():
@@ -186,7 +196,8 @@ class OrtTranslator:
             return create_session(self.folder / name, options, providers, disabled_optimizers)
 
         self.encoder = session(ENCODER_FILE)
-        self.decoder = session(DECODER_FILE)
+        self.inplace = self._use_inplace(decoder_cache, requested, use_io_binding)
+        self.decoder = session(INPLACE_DECODER_FILE if self.inplace else DECODER_FILE)
         self.reorder = session(REORDER_FILE) if (self.folder / REORDER_FILE).is_file() else None  # I/O binding only
         # Folders exported before beam_scores.onnx rank beam candidates in numpy.
         self.beam_scores = session(BEAM_SCORES_FILE) if (self.folder / BEAM_SCORES_FILE).is_file() else None
@@ -201,7 +212,23 @@ class OrtTranslator:
         self.num_layers = self.config["decoder_layers"]
         self.num_heads = self.config["decoder_attention_heads"]
         self.d_head = self.config["d_model"] // self.num_heads
-        self.cache_dtype = np.float16 if self.decoder.get_inputs()[2].type == "tensor(float16)" else np.float32
+        cache_input = next(i for i in self.decoder.get_inputs() if i.name.startswith(PAST_PREFIX))
+        self.cache_dtype = np.float16 if cache_input.type == "tensor(float16)" else np.float32
+
+    def _use_inplace(self, decoder_cache: str, provider: str, use_io_binding: bool | None) -> bool:
+        """Whether to run the in-place decoder graph (see `decoder_cache` in the class docstring)."""
+        if decoder_cache not in ("auto", "inplace", "copy"):
+            raise ValueError(f"decoder_cache must be 'auto', 'inplace' or 'copy', got {decoder_cache!r}")
+        available = (self.folder / INPLACE_DECODER_FILE).is_file()
+        if decoder_cache == "inplace" and not available:
+            raise ValueError(
+                f"Export folder {self.folder} has no {INPLACE_DECODER_FILE} (exported before format version 2, or "
+                "as fp16): re-export it, or use decoder_cache='copy'"
+            )
+        # Its attention operators run on CPU in fp32; on CUDA the copying graph keeps the cache on the device.
+        return decoder_cache == "inplace" or (
+            decoder_cache == "auto" and available and provider == PROVIDERS["cpu"] and not use_io_binding
+        )
 
     # -- token level ------------------------------------------------------------------------------------------
 
@@ -227,7 +254,7 @@ class OrtTranslator:
             raise ValueError(f"input_ids holds ids outside the vocabulary [0, {vocab_size})")
         settings = self._settings(overrides)
         batch = input_ids.shape[0]
-        state = self._start(input_ids, attention_mask, settings.num_beams)
+        state = self._start(input_ids, attention_mask, settings.num_beams, settings.max_new_tokens + 1)
         if settings.num_beams == 1:
             return greedy_search(state, batch, settings)
         return beam_search(state, batch, settings)
@@ -243,12 +270,21 @@ class OrtTranslator:
         settings.validate()
         return settings
 
-    def _start(self, input_ids: np.ndarray, attention_mask: np.ndarray, num_beams: int) -> DecoderState:
+    def _start(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, num_beams: int, max_length: int
+    ) -> DecoderState:
         """Run the encoder once; every beam of a sentence shares its cross-attention K/V."""
         names = [o.name for o in self.encoder.get_outputs()]
         outputs = dict(
             zip(names, self.encoder.run(None, {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask}), strict=True)
         )
+        vocab_size = target_vocab_size(self.config)
+        if self.inplace:  # one copy of the cross-attention K/V and the mask per source, read by all its beams
+            cross = {past_name(name): value for name, value in outputs.items() if name != LAST_HIDDEN_STATE}
+            return InPlaceState(
+                self.decoder, cross, attention_mask, num_beams, self.num_heads, self.d_head, vocab_size,
+                self.beam_scores, capacity=min(self.INITIAL_CACHE_CAPACITY, max_length),
+            )  # fmt: skip
         cross = {
             past_name(name): np.repeat(value, num_beams, axis=0)
             for name, value in outputs.items()
@@ -258,7 +294,6 @@ class OrtTranslator:
         rows = input_ids.shape[0] * num_beams
         empty = np.zeros((rows, self.num_heads, 0, self.d_head), dtype=self.cache_dtype)
         past = {name: empty for name in cache_names(self.num_layers, PAST_PREFIX) if is_self_attention(name)}
-        vocab_size = target_vocab_size(self.config)
         if self.use_io_binding:
             return BoundState(self.decoder, cross, mask, past, self.device, vocab_size, self.reorder, self.beam_scores)
         return NumpyState(self.decoder, cross, mask, past, vocab_size, self.beam_scores)

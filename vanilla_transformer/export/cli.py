@@ -47,6 +47,13 @@ def export_onnx_command(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32", help="fp16 is meant for GPU serving")
     parser.add_argument("--quantize", choices=["int8"], default=None, help="dynamic int8 quantization (CPU)")
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET)
+    parser.add_argument(
+        "--decoder_cache",
+        choices=["inplace", "copy"],
+        default="inplace",
+        help="inplace (fp32, int8): also write decoder_model_inplace.onnx, whose cache is written in place (the "
+        "runtime's default on CPU); copy: only the decoder that copies its cache every step",
+    )
     parser.add_argument("--validate", action="store_true", help="compare onnxruntime with PyTorch on a shape grid")
     parser.add_argument("--tolerance", type=float, default=FP32_TOLERANCE, help="max abs difference allowed (fp32)")
     args = parser.parse_args(argv)
@@ -59,6 +66,7 @@ def export_onnx_command(argv: list[str] | None = None) -> dict[str, Any]:
             quantize=args.quantize,
             opset=args.opset,
             tokenizer_dir=args.tokenizer,
+            decoder_cache=args.decoder_cache,
         )
         if args.validate:
             manifest = validate_folder(args.model, args.output, tolerance=args.tolerance)

@@ -17,6 +17,7 @@ from vanilla_transformer_ort.contract import (
     CONFIG_FILE,
     DECODER_FILE,
     GRAPH_FILES,
+    INPLACE_DECODER_FILE,
     MANIFEST_FILE,
     MANIFEST_FORMAT,
     MANIFEST_FORMAT_VERSION,
@@ -26,6 +27,7 @@ from vanilla_transformer_ort.contract import (
 
 from .onnx_graphs import DEFAULT_OPSET, export_graphs
 from .onnx_helper_graphs import write_beam_scores_graph, write_cache_reorder_graph
+from .onnx_inplace_decoder import export_inplace_decoder
 from .onnx_variants import optimize_variant
 
 
@@ -68,6 +70,7 @@ def export_model(
     quantize: str | None = None,
     opset: int = DEFAULT_OPSET,
     tokenizer_dir: str | os.PathLike | None = None,
+    decoder_cache: str = "inplace",
 ) -> dict:
     """Export a saved model folder into a self-contained ONNX folder; returns the manifest written with it.
 
@@ -81,6 +84,10 @@ def export_model(
         quantize: None or "int8" (dynamic quantization of the fp32 graphs, CPU serving).
         opset: ONNX opset for the exporter.
         tokenizer_dir: where `tokenizer.json` lives; defaults to `model_dir`.
+        decoder_cache: "inplace" (fp32 and int8 folders) also writes `decoder_model_inplace.onnx`, the decoder step
+            whose cache is written in place, which the runtime runs on CPU; "copy" writes only the copying decoder
+            (`decoder_model.onnx`, always written: validation, CUDA and older runtimes use it). fp16 folders are for
+            CUDA and have only the copying decoder.
     """
     if dtype not in ("fp32", "fp16"):
         raise ValueError(f"dtype must be 'fp32' or 'fp16', got {dtype!r}")
@@ -88,6 +95,8 @@ def export_model(
         raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
     if dtype == "fp16" and quantize:
         raise ValueError("int8 quantization applies to fp32 graphs; do not combine it with dtype='fp16'")
+    if decoder_cache not in ("inplace", "copy"):
+        raise ValueError(f"decoder_cache must be 'inplace' or 'copy', got {decoder_cache!r}")
     model_dir, output_dir = Path(model_dir), Path(output_dir)
     if not (model_dir / CONFIG_FILE).is_file():
         raise ValueError(f"{model_dir} is not a saved model folder (no config.json)")
@@ -98,8 +107,12 @@ def export_model(
 
     model = load_model_folder(model_dir, dtype=torch.float32).eval()
     export_graphs(model, output_dir, opset=opset)
+    inplace = decoder_cache == "inplace" and dtype == "fp32"
+    (output_dir / INPLACE_DECODER_FILE).unlink(missing_ok=True)  # a re-export into an older folder
+    if inplace:
+        export_inplace_decoder(model, output_dir)
     if dtype != "fp32" or quantize:
-        optimize_variant(output_dir, dtype, quantize)
+        optimize_variant(output_dir, dtype, quantize, inplace=inplace)
     write_cache_reorder_graph(output_dir)
     write_beam_scores_graph(output_dir)
     model.config.save_pretrained(output_dir)
@@ -132,10 +145,12 @@ def build_manifest(config, output_dir: Path, *, dtype: str, quantize: str | None
         "ir_version": onnx.load(str(output_dir / DECODER_FILE), load_external_data=False).ir_version,
         "dtype": dtype,
         "quantization": "int8-dynamic" if quantize == "int8" else None,
+        # the decoder the runtime runs on CPU: "inplace" (decoder_model_inplace.onnx) or "copy" (decoder_model.onnx)
+        "decoder_cache": "inplace" if (output_dir / INPLACE_DECODER_FILE).is_file() else "copy",
         "decoder_layers": config.decoder_layers,
         "decoder_attention_heads": config.decoder_attention_heads,
         "d_model": config.d_model,
         "vocab_size": config.vocab_size,
-        "graphs": {name: _graph_io(output_dir / name) for name in GRAPH_FILES},
+        "graphs": {name: _graph_io(output_dir / name) for name in GRAPH_FILES if (output_dir / name).is_file()},
         "files": files,
     }

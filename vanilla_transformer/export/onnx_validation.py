@@ -23,12 +23,14 @@ from vanilla_transformer_ort.contract import (
     DECODER_FILE,
     ENCODER_ATTENTION_MASK,
     ENCODER_FILE,
+    INPLACE_DECODER_FILE,
     INPUT_IDS,
     LAST_HIDDEN_STATE,
     LOGITS,
     MANIFEST_FILE,
     PAST_PREFIX,
     PRESENT_PREFIX,
+    TOTAL_SEQUENCE_LENGTH,
     cache_names,
     is_self_attention,
     past_name,
@@ -36,6 +38,7 @@ from vanilla_transformer_ort.contract import (
 from vanilla_transformer_ort.sessions import create_session, session_options
 
 from .onnx_graphs import export_graphs
+from .onnx_inplace_decoder import export_inplace_decoder
 
 FP32_TOLERANCE = 1e-4
 
@@ -137,10 +140,58 @@ def _run_onnx(encoder, decoder, config, inputs: dict[str, torch.Tensor], referen
     return {**enc_out, **dict(zip(dec_names, decoder.run(None, feed), strict=True))}
 
 
+INPLACE_BEAMS = 2  # rows per source fed to the in-place decoder: its beams share one copy of the cross K/V
+INPLACE_SLACK = 3  # cache positions beyond the total length, filled with values the graph must never read
+
+
+def _run_inplace(decoder, config, inputs: dict[str, torch.Tensor], reference: dict) -> dict[str, np.ndarray]:
+    """The in-place decoder on the reference past, each source repeated `INPLACE_BEAMS` times, in buffers larger
+    than needed. Returns the logits of the first row of each source and the written part of the cache.
+
+    GroupQueryAttention takes several new tokens after a past for one row only: such cases run row by row.
+    """
+    batch, past_len = inputs["prefix"].shape
+    new_ids = inputs["new_ids"].numpy()
+    total = past_len + new_ids.shape[1]
+    several_after_past = new_ids.shape[1] > 1 and past_len > 0
+    if several_after_past and batch > 1:
+        parts = []
+        for row in range(batch):
+            one = slice(row, row + 1)
+            row_inputs, row_reference = ({k: v[one] for k, v in d.items()} for d in (inputs, reference))
+            parts.append(_run_inplace(decoder, config, row_inputs, row_reference))
+        return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+    beams = 1 if several_after_past else INPLACE_BEAMS
+    heads = config.decoder_attention_heads
+    feed = {
+        INPUT_IDS: np.repeat(new_ids, beams, axis=0),
+        ENCODER_ATTENTION_MASK: inputs["attention_mask"].numpy(),
+        TOTAL_SEQUENCE_LENGTH: np.array(total, dtype=np.int32),
+    }
+    d_head = config.d_model // heads
+    never_read = np.random.default_rng(0).normal(0, 1e3, (batch * beams, heads, INPLACE_SLACK, d_head))
+    for name in cache_names(config.decoder_layers, PAST_PREFIX):
+        if not is_self_attention(name):  # once per source
+            feed[name] = reference[name.replace(f"{PAST_PREFIX}.", f"{PRESENT_PREFIX}.", 1)]
+            continue
+        buffer = np.zeros((batch * beams, heads, total, d_head), dtype=np.float32)
+        if past_len:
+            buffer[:, :, :past_len] = np.repeat(reference[name], beams, axis=0)
+        feed[name] = np.concatenate([buffer, never_read.astype(np.float32)], axis=2)
+    names = [o.name for o in decoder.get_outputs()]
+    outputs = dict(zip(names, decoder.run(None, feed), strict=True))
+    for name in names[1:]:  # both beams of a source hold the same cache
+        outputs[name] = outputs[name][:, :, :total]
+        if not np.array_equal(outputs[name][::beams], outputs[name][beams - 1 :: beams]):
+            raise ValueError(f"In-place decoder: the beams of one source got different {name}")
+    return {name: value[::beams] for name, value in outputs.items()}
+
+
 def validate_export(model: nn.Module, output_dir: str | os.PathLike, grid: list[GridCase] | None = None) -> dict:
     """Compare onnxruntime (CPU) with PyTorch over a shape grid; returns max abs differences per output kind.
 
-    Returns a dict with `encoder` (hidden state and cross K/V), `logits`, `present` and per-case rows.
+    Returns a dict with `encoder` (hidden state and cross K/V), `logits`, `present`, where the folder has the in-place
+    decoder `inplace_logits` and `inplace_present`, and per-case rows.
     """
     model = model.eval()
     config = model.config
@@ -149,21 +200,27 @@ def validate_export(model: nn.Module, output_dir: str | os.PathLike, grid: list[
     output_dir = Path(output_dir)
     encoder = create_session(output_dir / ENCODER_FILE, options, ["CPUExecutionProvider"])
     decoder = create_session(output_dir / DECODER_FILE, options, ["CPUExecutionProvider"])
-    summary = {"encoder": 0.0, "logits": 0.0, "present": 0.0, "cases": []}
+    inplace = None
+    if (output_dir / INPLACE_DECODER_FILE).is_file():
+        inplace = create_session(output_dir / INPLACE_DECODER_FILE, options, ["CPUExecutionProvider"])
+    kinds = ("encoder", "logits", "present") + (("inplace_logits", "inplace_present") if inplace else ())
+    summary = {**dict.fromkeys(kinds, 0.0), "cases": []}
     for seed, case in enumerate(grid):
         # ids valid on both sides (the source and target vocabularies may differ in size)
         inputs = _case_inputs(case, min(config.vocab_size, config.target_vocab_size), seed)
         reference = _reference(model, inputs)
         actual = _run_onnx(encoder, decoder, config, inputs, reference)
-        row = {"encoder": 0.0, "logits": 0.0, "present": 0.0}
-        for name, value in actual.items():
-            got = value.astype(np.float32)
-            if not np.all(np.isfinite(got)):
-                raise ValueError(f"ONNX output {name!r} has non-finite values for {case}")
-            diff = float(np.max(np.abs(got - reference[name]))) if got.size else 0.0
-            kind = "logits" if name == LOGITS else "present" if is_self_attention(name) else "encoder"
-            row[kind] = max(row[kind], diff)
-        for kind in ("encoder", "logits", "present"):
+        row = dict.fromkeys(kinds, 0.0)
+        runs = [("", actual)] + ([("inplace_", _run_inplace(inplace, config, inputs, reference))] if inplace else [])
+        for prefix, outputs in runs:
+            for name, value in outputs.items():
+                got = value.astype(np.float32)
+                if not np.all(np.isfinite(got)):
+                    raise ValueError(f"ONNX output {name!r} has non-finite values for {case}")
+                diff = float(np.max(np.abs(got - reference[name]))) if got.size else 0.0
+                kind = "logits" if name == LOGITS else "present" if is_self_attention(name) else "encoder"
+                row[prefix + kind] = max(row[prefix + kind], diff)
+        for kind in kinds:
             summary[kind] = max(summary[kind], row[kind])
         summary["cases"].append({**case.__dict__, **row})
     return summary
@@ -195,8 +252,10 @@ def validate_folder(
     else:
         with tempfile.TemporaryDirectory(prefix="fp32-", dir=output_dir.parent) as fp32_dir:
             export_graphs(model, fp32_dir, opset=manifest["opset"])
+            if (output_dir / INPLACE_DECODER_FILE).is_file():
+                export_inplace_decoder(model, fp32_dir)
             report["fp32"] = validate_export(model, fp32_dir, grid)
-    worst = max(report["fp32"]["encoder"], report["fp32"]["logits"], report["fp32"]["present"])
+    worst = max(value for key, value in report["fp32"].items() if key != "cases")
     if worst > tolerance:
         raise ValueError(f"fp32 export differs from PyTorch by {worst:.3g} > tolerance {tolerance:g}")
     if variant != "fp32":

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from transformers.utils import logging
 
-from vanilla_transformer_ort.contract import DECODER_FILE, ENCODER_FILE
+from vanilla_transformer_ort.contract import DECODER_FILE, ENCODER_FILE, INPLACE_DECODER_FILE
 
 logger = logging.get_logger(__name__)
 
@@ -84,27 +84,83 @@ def untie_output_projection(path: Path) -> bool:
     return True
 
 
-def quantize_int8(path: Path) -> None:
+def quantize_int8(path: Path, contrib_ops: bool = False) -> None:
     """Dynamic int8 quantization of one graph, in place.
 
     Weights of the linear layers become int8 (activations are quantized per call); the embedding table is stored in
     int8 too and only the gathered rows are dequantized. Attention score products stay fp32 (no weight operand).
+    `contrib_ops`: the graph holds onnxruntime contrib operators (the in-place decoder), whose output types ONNX's
+    shape inference cannot tell; they are fp32.
     """
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     fp32_path = path.with_suffix(".fp32.onnx")
     path.rename(fp32_path)
     try:
         operators = ["MatMul", "Gemm", "Gather"]
-        quantize_dynamic(fp32_path, path, weight_type=QuantType.QInt8, op_types_to_quantize=operators)
+        extra_options = {"DefaultTensorType": onnx.TensorProto.FLOAT} if contrib_ops else None
+        quantize_dynamic(
+            fp32_path, path, weight_type=QuantType.QInt8, op_types_to_quantize=operators, extra_options=extra_options
+        )
     finally:
         fp32_path.unlink()
         for extra in path.parent.glob(f"{fp32_path.stem}*-inferred.onnx"):
             extra.unlink()
 
 
-def optimize_variant(output_dir: Path, dtype: str, quantize: str | None) -> None:
-    """Turn the fp32 graphs in `output_dir` into the requested variant, in place."""
+def quantize_activations_per_row(path: Path) -> int:
+    """Quantize every dynamically quantized activation with one scale per row (token) instead of one per tensor.
+
+    `quantize_dynamic` quantizes a MatMul's input with `DynamicQuantizeLinear`: one scale and zero point for the
+    whole tensor, so a row's result depends on the other rows of the batch (its scale follows their largest value).
+    Batched across requests, the same text could then get another translation. Each `DynamicQuantizeLinear` is
+    replaced here by symmetric per-row quantization, as CTranslate2 quantizes its int8 inputs:
+    scale = max(|x_row|) / 127, q = round(x / scale) + 128 (uint8, zero point 128), so a row's values never depend
+    on another row's. The scale has shape (..., rows, 1) and broadcasts where the graph multiplies it by the weight's
+    scale; onnxruntime fuses the product into `MatMulIntegerToFloat` as before. Returns the number replaced.
+    """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    constants = {
+        "row_quant.axes": np.array([-1], np.int64),
+        "row_quant.levels": np.array(127.0, np.float32),
+        "row_quant.tiny": np.array(np.finfo(np.float32).tiny, np.float32),  # an all-zero row: scale > 0, q = 128
+        "row_quant.offset": np.array(128.0, np.float32),
+        "row_quant.zero_point": np.array(128, np.uint8),
+    }
+    nodes, replaced = [], 0
+    for node in graph.node:
+        if node.op_type != "DynamicQuantizeLinear":
+            nodes.append(node)
+            continue
+        replaced += 1
+        (x,), (q, scale, zero_point), p = node.input, node.output, f"{node.name or 'dql'}.row_quant{replaced}"
+        nodes += [
+            helper.make_node("Abs", [x], [f"{p}.abs"]),
+            helper.make_node("ReduceMax", [f"{p}.abs", "row_quant.axes"], [f"{p}.max"], keepdims=1),  # (..., rows, 1)
+            helper.make_node("Div", [f"{p}.max", "row_quant.levels"], [f"{p}.scale"]),
+            helper.make_node("Max", [f"{p}.scale", "row_quant.tiny"], [scale]),
+            helper.make_node("Div", [x, scale], [f"{p}.scaled"]),
+            helper.make_node("Round", [f"{p}.scaled"], [f"{p}.rounded"]),  # half to even, as DynamicQuantizeLinear
+            helper.make_node("Add", [f"{p}.rounded", "row_quant.offset"], [f"{p}.shifted"]),  # in [1, 255]
+            helper.make_node("Cast", [f"{p}.shifted"], [q], to=TensorProto.UINT8),
+            helper.make_node("Identity", ["row_quant.zero_point"], [zero_point]),
+        ]
+    if replaced:
+        del graph.node[:]
+        graph.node.extend(nodes)
+        graph.initializer.extend(numpy_helper.from_array(value, name) for name, value in constants.items())
+        onnx.save(model, str(path))
+    return replaced
+
+
+def optimize_variant(output_dir: Path, dtype: str, quantize: str | None, inplace: bool = False) -> None:
+    """Turn the fp32 graphs in `output_dir` into the requested variant, in place; `inplace`: the folder has the
+    in-place decoder graph too (fp32 only: its output projection is already a weight of its own)."""
     encoder_path, decoder_path = output_dir / ENCODER_FILE, output_dir / DECODER_FILE
     if dtype == "fp16":
         convert_to_fp16(encoder_path)
@@ -114,3 +170,5 @@ def optimize_variant(output_dir: Path, dtype: str, quantize: str | None) -> None
             logger.warning("Output projection pattern not found: the int8 decoder keeps the tied weight.")
         quantize_int8(encoder_path)
         quantize_int8(decoder_path)
+        if inplace:
+            quantize_int8(output_dir / INPLACE_DECODER_FILE, contrib_ops=True)
