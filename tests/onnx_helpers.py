@@ -119,5 +119,13 @@ def trained_export_dir() -> Path:
     return path
 
 
+@functools.cache
+def trained_int8_export_dir(int8_activations: str = "row") -> Path:
+    """int8 export of `trained_model_dir()` (activations quantized per row by default, as `export_model` does)."""
+    path = _temporary_dir() / f"onnx-int8-{int8_activations}"
+    export_model(trained_model_dir(), path, quantize="int8", int8_activations=int8_activations)
+    return path
+
+
 def load_trained_model() -> VanillaTransformerForConditionalGeneration:
     return VanillaTransformerForConditionalGeneration.from_pretrained(trained_model_dir()).eval()

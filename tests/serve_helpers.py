@@ -29,8 +29,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def tiny_spec():
-    return parse_model_spec(f"en-de={trained_export_dir()}")
+def tiny_spec(folder=None):
+    return parse_model_spec(f"en-de={folder or trained_export_dir()}")
 
 
 class SlowTranslator:
@@ -58,10 +58,10 @@ def slow_loader(delay: float):
     return load
 
 
-def make_service(delay: float | None = None, **settings) -> TranslationService:
+def make_service(delay: float | None = None, folder=None, **settings) -> TranslationService:
     settings = {"threads": 1, "sessions": 1, **settings}
     load = slow_loader(delay) if delay else load_translators
-    return TranslationService([tiny_spec()], ServeSettings(**settings), load=load)
+    return TranslationService([tiny_spec(folder)], ServeSettings(**settings), load=load)
 
 
 @contextlib.contextmanager

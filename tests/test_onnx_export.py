@@ -219,14 +219,14 @@ def test_export_folder_is_self_contained(export_dir):
     assert validation["inplace_logits"] < FP32_TOLERANCE and validation["inplace_present"] < FP32_TOLERANCE
 
 
-def _variant(export_dir: Path, tmp_path: Path, dtype: str, quantize: str | None) -> Path:
+def _variant(export_dir: Path, tmp_path: Path, dtype: str, quantize: str | None, activations: str = "row") -> Path:
     """What `export_model` writes for a variant: fp16 folders have only the copying decoder."""
-    target = tmp_path / f"{dtype}-{quantize}"
+    target = tmp_path / f"{dtype}-{quantize}-{activations}"
     shutil.copytree(export_dir, target)
     inplace = dtype == "fp32"
     if not inplace:
         (target / INPLACE_DECODER_FILE).unlink()
-    optimize_variant(target, dtype, quantize, inplace=inplace)
+    optimize_variant(target, dtype, quantize, inplace=inplace, int8_activations=activations)
     return target
 
 
@@ -252,7 +252,7 @@ def test_fp16_variant_runs_close_to_pytorch(model, export_dir, tmp_path):
 def test_int8_variant_has_its_own_output_projection_and_runs(model, export_dir, tmp_path):
     folder = _variant(export_dir, tmp_path, "fp32", "int8")
     graph = onnx.load(str(folder / DECODER_FILE)).graph
-    assert any(n.op_type in ("DynamicQuantizeLinear", "MatMulInteger") for n in graph.node)
+    assert any(n.op_type == "MatMulInteger" for n in graph.node)
     producers = {out: node for node in graph.node for out in node.output}
     # logits come from a quantized matmul whose weight is not shared with the embedding lookup
     initializers = {i.name for i in graph.initializer}
@@ -268,11 +268,39 @@ def test_int8_variant_has_its_own_output_projection_and_runs(model, export_dir, 
     consumed = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
     assert [n.name for n in graph.node if not set(n.output) & consumed] == []
     inplace = onnx.load(str(folder / INPLACE_DECODER_FILE)).graph
-    assert any(n.op_type in ("DynamicQuantizeLinear", "MatMulInteger") for n in inplace.node)
+    assert any(n.op_type == "MatMulInteger" for n in inplace.node)
     summary = validate_export(model, folder)
     print({k: v for k, v in summary.items() if k != "cases"})
     assert summary["logits"] < 0.5 and summary["inplace_logits"] < 0.5
     assert (folder / DECODER_FILE).stat().st_size < (export_dir / DECODER_FILE).stat().st_size
+
+
+def _graph_rows(path: Path, feed: dict[str, np.ndarray], rows: list[int]) -> list[np.ndarray]:
+    """Every output of a graph run on the whole batch, and on each of `rows` alone (a batch of one)."""
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    together = session.run(None, feed)
+    alone = [session.run(None, {k: v[r : r + 1] for k, v in feed.items()}) for r in rows]
+    return [(together[i][r], out[i][0]) for r, out in zip(rows, alone, strict=True) for i in range(len(together))]
+
+
+@pytest.mark.parametrize("activations", ["row", "tensor"])
+def test_int8_activations_per_row_do_not_depend_on_the_batch(export_dir, tmp_path, activations):
+    """With one activation scale per row, a sentence's encoder outputs and logits are the same alone as in a batch
+    whose other rows hold much larger values; with one scale per tensor they are not (the server's batches mix
+    requests, so the same text could get another translation)."""
+    folder = _variant(export_dir, tmp_path, "fp32", "int8", activations)
+    graphs = {name: onnx.load(str(folder / name)).graph for name in (ENCODER_FILE, DECODER_FILE)}
+    quantizers = [n for graph in graphs.values() for n in graph.node if n.op_type == "DynamicQuantizeLinear"]
+    assert (quantizers == []) == (activations == "row")
+    rng = np.random.default_rng(0)
+    ids = rng.integers(4, CONFIG["vocab_size"], (3, 6))
+    ids[1] = ids[0]  # row 1 = row 0; row 2 differs (other values, other scales)
+    pairs = _graph_rows(folder / ENCODER_FILE, {"input_ids": ids, "attention_mask": np.ones_like(ids)}, [0, 1])
+    differences = [float(np.abs(together - alone).max()) for together, alone in pairs]
+    if activations == "row":
+        assert max(differences) == 0.0
+    else:  # row 2 sets the scale; rows 0 and 1 alone get another one
+        assert max(differences) > 0.0
 
 
 def test_untie_output_projection_replaces_the_transposed_table(tmp_path):
@@ -341,7 +369,7 @@ def test_cli_int8_export_end_to_end(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "max |onnxruntime - PyTorch| fp32" in result.stdout and "MiB" in result.stdout
     manifest = json.loads((output / MANIFEST_FILE).read_text())
-    assert manifest["quantization"] == "int8-dynamic"
+    assert manifest["quantization"] == "int8-dynamic-per-row"
 
 
 def test_folder_assembly_does_not_import_validation():

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.onnx_helpers import SENTENCES, trained_export_dir
+from tests.onnx_helpers import SENTENCES, trained_export_dir, trained_int8_export_dir
 from tests.serve_helpers import live_server, make_service, serve_process, wait_ready
 from vanilla_transformer_ort import OrtTranslator
 from vanilla_transformer_ort.serve.app import create_app
@@ -116,11 +116,16 @@ def test_html_keeps_tags_entities_and_code(oracle):
 # -- batching --------------------------------------------------------------------------------------------------
 
 
-def test_concurrent_answers_equal_single_request_translations(oracle):
+@pytest.mark.parametrize("variant", ["fp32", "int8"])
+def test_concurrent_answers_equal_single_request_translations(oracle, variant):
     """40 clients at once, each text as its own request and a few as lists: every answer equals the oracle's
-    translation of that text alone, and the requests really were batched together."""
+    translation of that text alone, and the requests really were batched together. The int8 export too: its
+    activations are quantized per row, so a row's translation does not depend on the rows batched with it."""
     requests = [[text] for text in LOAD_TEXTS * 2] + [LOAD_TEXTS[i : i + 3] for i in range(0, len(LOAD_TEXTS), 3)]
-    service = make_service(max_wait_ms=20)
+    folder = trained_int8_export_dir() if variant == "int8" else None
+    if folder is not None:
+        oracle = OrtTranslator(folder, provider="cpu", intra_op_num_threads=1)
+    service = make_service(max_wait_ms=20, folder=folder)
 
     async def scenario(client):
         answers = await asyncio.gather(*(post(client, q=texts) for texts in requests))

@@ -54,6 +54,13 @@ def export_onnx_command(argv: list[str] | None = None) -> dict[str, Any]:
         help="inplace (fp32, int8): also write decoder_model_inplace.onnx, whose cache is written in place (the "
         "runtime's default on CPU); copy: only the decoder that copies its cache every step",
     )
+    parser.add_argument(
+        "--int8_activations",
+        choices=["row", "tensor"],
+        default="row",
+        help="with --quantize int8: one activation scale per row (default; a sentence's output does not depend on "
+        "its batch) or per tensor",
+    )
     parser.add_argument("--validate", action="store_true", help="compare onnxruntime with PyTorch on a shape grid")
     parser.add_argument("--tolerance", type=float, default=FP32_TOLERANCE, help="max abs difference allowed (fp32)")
     args = parser.parse_args(argv)
@@ -67,6 +74,7 @@ def export_onnx_command(argv: list[str] | None = None) -> dict[str, Any]:
             opset=args.opset,
             tokenizer_dir=args.tokenizer,
             decoder_cache=args.decoder_cache,
+            int8_activations=args.int8_activations,
         )
         if args.validate:
             manifest = validate_folder(args.model, args.output, tolerance=args.tolerance)

@@ -71,6 +71,7 @@ def export_model(
     opset: int = DEFAULT_OPSET,
     tokenizer_dir: str | os.PathLike | None = None,
     decoder_cache: str = "inplace",
+    int8_activations: str = "row",
 ) -> dict:
     """Export a saved model folder into a self-contained ONNX folder; returns the manifest written with it.
 
@@ -88,6 +89,9 @@ def export_model(
             whose cache is written in place, which the runtime runs on CPU; "copy" writes only the copying decoder
             (`decoder_model.onnx`, always written: validation, CUDA and older runtimes use it). fp16 folders are for
             CUDA and have only the copying decoder.
+        int8_activations: with quantize="int8", "row" (the default) quantizes each row (token) of a MatMul's input
+            with its own scale, so a sentence's translation does not depend on the batch it is decoded in (the
+            server batches requests together); "tensor" keeps onnxruntime's one scale per tensor.
     """
     if dtype not in ("fp32", "fp16"):
         raise ValueError(f"dtype must be 'fp32' or 'fp16', got {dtype!r}")
@@ -95,6 +99,8 @@ def export_model(
         raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
     if dtype == "fp16" and quantize:
         raise ValueError("int8 quantization applies to fp32 graphs; do not combine it with dtype='fp16'")
+    if int8_activations not in ("row", "tensor"):
+        raise ValueError(f"int8_activations must be 'row' or 'tensor', got {int8_activations!r}")
     if decoder_cache not in ("inplace", "copy"):
         raise ValueError(f"decoder_cache must be 'inplace' or 'copy', got {decoder_cache!r}")
     model_dir, output_dir = Path(model_dir), Path(output_dir)
@@ -112,12 +118,13 @@ def export_model(
     if inplace:
         export_inplace_decoder(model, output_dir)
     if dtype != "fp32" or quantize:
-        optimize_variant(output_dir, dtype, quantize, inplace=inplace)
+        optimize_variant(output_dir, dtype, quantize, inplace=inplace, int8_activations=int8_activations)
     write_cache_reorder_graph(output_dir)
     write_beam_scores_graph(output_dir)
     model.config.save_pretrained(output_dir)
     model.generation_config.save_pretrained(output_dir)
-    manifest = build_manifest(model.config, output_dir, dtype=dtype, quantize=quantize, opset=opset)
+    quantization = {"row": "int8-dynamic-per-row", "tensor": "int8-dynamic"}[int8_activations] if quantize else None
+    manifest = build_manifest(model.config, output_dir, dtype=dtype, quantization=quantization, opset=opset)
     manifest.update(_languages(model_dir))
     (output_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
@@ -133,7 +140,7 @@ def _languages(model_dir: Path) -> dict:
     return {key: info[key] for key in ("source_lang", "target_lang") if info.get(key)}
 
 
-def build_manifest(config, output_dir: Path, *, dtype: str, quantize: str | None, opset: int) -> dict:
+def build_manifest(config, output_dir: Path, *, dtype: str, quantization: str | None, opset: int) -> dict:
     """What was exported: format, opset, dtype, dimensions the runtime needs, graph I/O and file sizes."""
     import onnx
 
@@ -144,7 +151,7 @@ def build_manifest(config, output_dir: Path, *, dtype: str, quantize: str | None
         "opset": opset,
         "ir_version": onnx.load(str(output_dir / DECODER_FILE), load_external_data=False).ir_version,
         "dtype": dtype,
-        "quantization": "int8-dynamic" if quantize == "int8" else None,
+        "quantization": quantization,  # None, "int8-dynamic-per-row" or "int8-dynamic" (one scale per tensor)
         # the decoder the runtime runs on CPU: "inplace" (decoder_model_inplace.onnx) or "copy" (decoder_model.onnx)
         "decoder_cache": "inplace" if (output_dir / INPLACE_DECODER_FILE).is_file() else "copy",
         "decoder_layers": config.decoder_layers,

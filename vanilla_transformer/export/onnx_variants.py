@@ -109,48 +109,87 @@ def quantize_int8(path: Path, contrib_ops: bool = False) -> None:
             extra.unlink()
 
 
+def _weight_column_sums(graph, matmul) -> np.ndarray:
+    """Column sums of a `MatMulInteger`'s dequantized int8 weight: (N,) float32, scale x (sum_k w - K x zero point)."""
+    from onnx import numpy_helper
+
+    initializers = {init.name: init for init in graph.initializer}
+    weight = numpy_helper.to_array(initializers[matmul.input[1]]).astype(np.int64)  # (K, N)
+    zero_point = numpy_helper.to_array(initializers[matmul.input[3]]).astype(np.int64) if len(matmul.input) > 3 else 0
+    scale = numpy_helper.to_array(initializers[matmul.input[1].removesuffix("_quantized") + "_scale"])
+    return (scale.astype(np.float64) * (weight - zero_point).sum(axis=0)).astype(np.float32)
+
+
 def quantize_activations_per_row(path: Path) -> int:
-    """Quantize every dynamically quantized activation with one scale per row (token) instead of one per tensor.
+    """Quantize every dynamically quantized activation with a range per row (token) instead of one per tensor.
 
     `quantize_dynamic` quantizes a MatMul's input with `DynamicQuantizeLinear`: one scale and zero point for the
-    whole tensor, so a row's result depends on the other rows of the batch (its scale follows their largest value).
-    Batched across requests, the same text could then get another translation. Each `DynamicQuantizeLinear` is
-    replaced here by symmetric per-row quantization, as CTranslate2 quantizes its int8 inputs:
-    scale = max(|x_row|) / 127, q = round(x / scale) + 128 (uint8, zero point 128), so a row's values never depend
-    on another row's. The scale has shape (..., rows, 1) and broadcasts where the graph multiplies it by the weight's
-    scale; onnxruntime fuses the product into `MatMulIntegerToFloat` as before. Returns the number replaced.
+    whole tensor, so a row's result depends on the other rows of the batch (the range follows their values). Batched
+    across requests, the same text could then get another translation. Each `DynamicQuantizeLinear` is replaced here
+    by a per-row quantization, as CTranslate2 quantizes its int8 inputs row by row:
+
+        c = (max(x_row) + min(x_row)) / 2,  scale = (max(x_row) - min(x_row)) / 254,  q = round((x - c) / scale) + 128
+
+    onnxruntime's `MatMulInteger` takes one zero point per tensor, so the row's offset is not a zero point: the
+    product of the centred rows, (x - c) W, gets c * colsum(W) added back, with colsum(W) of the dequantized weight
+    computed at export. Like `DynamicQuantizeLinear`'s asymmetric range, the centre spends all 255 levels on the
+    row's own range (ReLU outputs included). The scale has shape (..., rows, 1) and broadcasts where the graph
+    multiplies it by the weight's scale (onnxruntime still fuses that into `MatMulIntegerToFloat`). Returns the
+    number of quantizations replaced.
     """
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     model = onnx.load(str(path))
     graph = model.graph
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
     constants = {
         "row_quant.axes": np.array([-1], np.int64),
-        "row_quant.levels": np.array(127.0, np.float32),
-        "row_quant.tiny": np.array(np.finfo(np.float32).tiny, np.float32),  # an all-zero row: scale > 0, q = 128
+        "row_quant.half": np.array(0.5, np.float32),
+        "row_quant.levels": np.array(254.0, np.float32),
+        "row_quant.tiny": np.array(np.finfo(np.float32).tiny, np.float32),  # a constant row: scale > 0, q = 128
         "row_quant.offset": np.array(128.0, np.float32),
         "row_quant.zero_point": np.array(128, np.uint8),
     }
-    nodes, replaced = [], 0
+    before, after, replaced = {}, {}, 0  # nodes to insert in place of a quantizer / after a product's scaling
     for node in graph.node:
         if node.op_type != "DynamicQuantizeLinear":
-            nodes.append(node)
             continue
         replaced += 1
-        (x,), (q, scale, zero_point), p = node.input, node.output, f"{node.name or 'dql'}.row_quant{replaced}"
-        nodes += [
-            helper.make_node("Abs", [x], [f"{p}.abs"]),
-            helper.make_node("ReduceMax", [f"{p}.abs", "row_quant.axes"], [f"{p}.max"], keepdims=1),  # (..., rows, 1)
-            helper.make_node("Div", [f"{p}.max", "row_quant.levels"], [f"{p}.scale"]),
+        (x,), (q, scale, zero_point), p = node.input, node.output, f"row_quant{replaced}"
+        before[id(node)] = [
+            helper.make_node("ReduceMax", [x, "row_quant.axes"], [f"{p}.max"], keepdims=1),  # (..., rows, 1)
+            helper.make_node("ReduceMin", [x, "row_quant.axes"], [f"{p}.min"], keepdims=1),
+            helper.make_node("Add", [f"{p}.max", f"{p}.min"], [f"{p}.sum"]),
+            helper.make_node("Mul", [f"{p}.sum", "row_quant.half"], [f"{p}.centre"]),
+            helper.make_node("Sub", [f"{p}.max", f"{p}.min"], [f"{p}.range"]),
+            helper.make_node("Div", [f"{p}.range", "row_quant.levels"], [f"{p}.scale"]),
             helper.make_node("Max", [f"{p}.scale", "row_quant.tiny"], [scale]),
-            helper.make_node("Div", [x, scale], [f"{p}.scaled"]),
+            helper.make_node("Sub", [x, f"{p}.centre"], [f"{p}.centred"]),
+            helper.make_node("Div", [f"{p}.centred", scale], [f"{p}.scaled"]),
             helper.make_node("Round", [f"{p}.scaled"], [f"{p}.rounded"]),  # half to even, as DynamicQuantizeLinear
             helper.make_node("Add", [f"{p}.rounded", "row_quant.offset"], [f"{p}.shifted"]),  # in [1, 255]
             helper.make_node("Cast", [f"{p}.shifted"], [q], to=TensorProto.UINT8),
             helper.make_node("Identity", ["row_quant.zero_point"], [zero_point]),
         ]
+        for matmul in consumers[q]:  # MatMulInteger -> Cast -> Mul(scale product): the product's float value
+            (cast,) = consumers[matmul.output[0]]
+            (scaled,) = consumers[cast.output[0]]
+            sums = f"{p}.{matmul.name}.weight_column_sums"
+            constants[sums] = _weight_column_sums(graph, matmul)
+            product = scaled.output[0]
+            scaled.output[0] = f"{product}.centred"
+            after[id(scaled)] = [
+                helper.make_node("Mul", [f"{p}.centre", sums], [f"{p}.{matmul.name}.offset"]),  # c x colsum(W)
+                helper.make_node("Add", [f"{product}.centred", f"{p}.{matmul.name}.offset"], [product]),
+            ]
     if replaced:
+        nodes = []
+        for node in graph.node:
+            nodes += before.get(id(node), [node]) + after.get(id(node), [])
         del graph.node[:]
         graph.node.extend(nodes)
         graph.initializer.extend(numpy_helper.from_array(value, name) for name, value in constants.items())
@@ -158,9 +197,18 @@ def quantize_activations_per_row(path: Path) -> int:
     return replaced
 
 
-def optimize_variant(output_dir: Path, dtype: str, quantize: str | None, inplace: bool = False) -> None:
+INT8_ACTIVATIONS = ("row", "tensor")  # one scale per row (token), batch-invariant; or one per tensor
+
+
+def optimize_variant(
+    output_dir: Path, dtype: str, quantize: str | None, inplace: bool = False, int8_activations: str = "row"
+) -> None:
     """Turn the fp32 graphs in `output_dir` into the requested variant, in place; `inplace`: the folder has the
-    in-place decoder graph too (fp32 only: its output projection is already a weight of its own)."""
+    in-place decoder graph too (fp32 only: its output projection is already a weight of its own);
+    `int8_activations`: "row" quantizes each row of a MatMul's input with its own scale
+    (`quantize_activations_per_row`), "tensor" leaves `quantize_dynamic`'s one scale per tensor."""
+    if int8_activations not in INT8_ACTIVATIONS:
+        raise ValueError(f"int8_activations must be one of {INT8_ACTIVATIONS}, got {int8_activations!r}")
     encoder_path, decoder_path = output_dir / ENCODER_FILE, output_dir / DECODER_FILE
     if dtype == "fp16":
         convert_to_fp16(encoder_path)
@@ -168,7 +216,9 @@ def optimize_variant(output_dir: Path, dtype: str, quantize: str | None, inplace
     if quantize == "int8":
         if not untie_output_projection(decoder_path):
             logger.warning("Output projection pattern not found: the int8 decoder keeps the tied weight.")
-        quantize_int8(encoder_path)
-        quantize_int8(decoder_path)
-        if inplace:
-            quantize_int8(output_dir / INPLACE_DECODER_FILE, contrib_ops=True)
+        graphs = [(encoder_path, False), (decoder_path, False)]
+        graphs += [(output_dir / INPLACE_DECODER_FILE, True)] if inplace else []
+        for path, contrib_ops in graphs:
+            quantize_int8(path, contrib_ops=contrib_ops)
+            if int8_activations == "row":
+                quantize_activations_per_row(path)
