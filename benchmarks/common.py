@@ -356,7 +356,7 @@ def prepare_artifacts(workdir: Path = DEFAULT_WORKDIR, with_onnx: bool = True, l
     if with_onnx and onnx_available():
         for quantization in ("fp32", "int8"):
             out = paths[f"onnx-{quantization}"]
-            if not _current_export(out):
+            if not _current_export(out, quantization):
                 log(f"exporting vanilla-transformer to ONNX ({quantization}) in {out}")
                 _, times[f"onnx-{quantization}"] = timed(
                     lambda q=quantization, o=out: export_onnx(paths["vanilla"], o, q)
@@ -365,12 +365,17 @@ def prepare_artifacts(workdir: Path = DEFAULT_WORKDIR, with_onnx: bool = True, l
     return paths
 
 
-def _current_export(folder: Path) -> bool:
-    """An export folder written completely (the manifest comes last) in the current format version."""
+def _current_export(folder: Path, variant: str) -> bool:
+    """An export folder written completely (the manifest comes last) as the exporter writes it now: the current
+    format version and, for int8, activations quantized per row."""
     from vanilla_transformer_ort.contract import MANIFEST_FILE, MANIFEST_FORMAT_VERSION
 
-    manifest = folder / MANIFEST_FILE
-    return manifest.exists() and json.loads(manifest.read_text()).get("format_version") == MANIFEST_FORMAT_VERSION
+    path = folder / MANIFEST_FILE
+    if not path.exists():
+        return False
+    manifest = json.loads(path.read_text())
+    quantization = "int8-dynamic-per-row" if variant == "int8" else None
+    return manifest.get("format_version") == MANIFEST_FORMAT_VERSION and manifest.get("quantization") == quantization
 
 
 def convert_ct2(marian_dir: Path, output_dir: Path, quantization: str) -> None:
@@ -405,6 +410,18 @@ def export_onnx(model_dir: Path, output_dir: Path, quantization: str) -> None:
     from vanilla_transformer.export.onnx_export import export_model
 
     export_model(model_dir, output_dir, quantize=None if quantization == "fp32" else quantization)
+
+
+def int8_per_tensor_export(paths: dict[str, Path]) -> Path:
+    """The int8 export with one activation range per tensor (`int8_activations="tensor"`), beside the others; made
+    once, for the A/B of per-row activation quantization."""
+    from vanilla_transformer.export.onnx_export import export_model
+    from vanilla_transformer_ort.contract import MANIFEST_FILE
+
+    folder = paths["onnx-int8"].parent / "onnx-int8-tensor"
+    if not (folder / MANIFEST_FILE).exists():
+        export_model(paths["vanilla"], folder, quantize="int8", int8_activations="tensor")
+    return folder
 
 
 # --------------------------------------------------------------------------------------------------------------------

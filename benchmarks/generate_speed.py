@@ -158,8 +158,11 @@ def load_systems(paths: dict[str, Path], threads: int, only: list[str] | None = 
         # the A/B of the in-place decoder: the same folders' copying decoder graph
         loaders["vanilla ORT fp32 copy"] = lambda: ort_generate(paths["onnx-fp32"], threads, "copy")
         loaders["vanilla ORT int8 copy"] = lambda: ort_generate(paths["onnx-int8"], threads, "copy")
+        # the A/B of per-row activation quantization: one range per tensor
+        loaders["vanilla ORT int8 per-tensor"] = lambda: ort_generate(common.int8_per_tensor_export(paths), threads)
     # attention-backend and decoder-cache comparisons, on request
-    optional = ("vanilla PyTorch eager-attn", "Marian eager-attn", "vanilla ORT fp32 copy", "vanilla ORT int8 copy")
+    optional = ("vanilla PyTorch eager-attn", "Marian eager-attn", "vanilla ORT fp32 copy", "vanilla ORT int8 copy",
+                "vanilla ORT int8 per-tensor")  # fmt: skip
     names = [n for n in loaders if (n in only if only is not None else n not in optional) or n == REFERENCE]
     return {name: loaders[name]() for name in names}
 

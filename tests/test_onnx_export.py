@@ -184,8 +184,13 @@ def _beam_step_inputs(dtype, batch=3, beams=4, vocab=50):
     return logits, running, bias
 
 
-def test_beam_scores_graph_ranks_like_transformers(export_dir):
+@pytest.mark.parametrize("first_step", [False, True])
+def test_beam_scores_graph_ranks_like_transformers(export_dir, first_step):
+    """Ties inside a row and across beams; at the first step only beam 0 of a sentence runs (the others' running
+    scores are -1e9), so all k best of a sentence come from one row."""
     logits, running, bias = _beam_step_inputs(np.float32)
+    if first_step:
+        running = np.where(np.arange(len(running))[:, None] % 4 == 0, 0.0, -1e9).astype(np.float32)
     values, indices = _run_beam_scores(export_dir, logits, running, bias, batch=3, k=8)
     expected_values, expected_indices = _rank_like_transformers(logits, running, bias, batch=3, k=8)
     np.testing.assert_array_equal(indices, expected_indices)

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.onnx_helpers import SENTENCES, trained_export_dir, trained_int8_export_dir
-from tests.serve_helpers import live_server, make_service, serve_process, wait_ready
+from tests.serve_helpers import live_server, make_service, serve_process, tiny_spec, wait_ready
 from vanilla_transformer_ort import OrtTranslator
 from vanilla_transformer_ort.serve.app import create_app
 
@@ -515,3 +515,20 @@ def test_serves_where_torch_and_transformers_are_blocked(tmp_path, oracle):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == single(oracle, "a b c")
+
+
+def test_a_batch_dependent_int8_folder_is_served_with_a_warning(caplog):
+    """An int8 export with one activation range per tensor answers depending on its batch: batching it warns and
+    names the fix; the default per-row export and batching off do not warn."""
+    from vanilla_transformer_ort.serve.models import batch_dependent
+    from vanilla_transformer_ort.serve.service import load_translators
+    from vanilla_transformer_ort.serve.settings import ServeSettings
+
+    per_tensor, per_row = trained_int8_export_dir("tensor"), trained_int8_export_dir()
+    assert batch_dependent(per_tensor) and not batch_dependent(per_row) and not batch_dependent(trained_export_dir())
+    cases = [(per_tensor, True, True), (per_row, True, False), (per_tensor, False, False)]
+    for folder, batching, warns in cases:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="vanilla_transformer_ort.serve.service"):
+            load_translators(tiny_spec(folder), ServeSettings(sessions=1, threads=1, batching=batching))
+        assert ("--no_batching" in caplog.text) == warns, (folder, batching)

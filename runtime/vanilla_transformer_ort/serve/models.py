@@ -54,6 +54,17 @@ def check_export_folder(folder: Path) -> None:
         raise ValueError(f"{folder} is not an ONNX export: it has no {TOKENIZER_FILE}; export it with vt-export-onnx")
 
 
+def batch_dependent(folder: Path) -> bool:
+    """Whether the folder's int8 graphs quantize activations with one range per tensor (manifest quantization
+    `int8-dynamic`, the only int8 before per-row ranges): a text's translation then depends on the rows batched with
+    it."""
+    try:
+        manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("quantization") == "int8-dynamic"
+
+
 def _folder_languages(folder: Path) -> tuple[str, str] | None:
     """(source, target) from the folder's manifest.json or training_info.json, if either names them."""
     for name in (MANIFEST_FILE, "training_info.json"):

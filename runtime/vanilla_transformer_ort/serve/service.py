@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..placeholders import protect, restore
 from ..protected_translation import DEFAULT_RETRY, DEFAULT_STYLE, translate_protected
 from .batching import BatchScheduler, BatchStats, Engine, QueueFull, ShuttingDown
-from .models import ModelSpec, language_name
+from .models import ModelSpec, batch_dependent, language_name
 from .settings import ServeSettings
 from .text import join, split
 
@@ -97,6 +97,13 @@ def load_translators(spec: ModelSpec, settings: ServeSettings) -> list:
     """`settings.sessions` OrtTranslators of the folder, each on `settings.threads_per_session` threads."""
     from ..translator import OrtTranslator
 
+    if settings.batching and batch_dependent(spec.folder):
+        logger.warning(
+            "%s quantizes int8 activations with one range per tensor: a text's translation can depend on the requests "
+            "batched with it. Re-export it with vt-export-onnx --quantize int8 (one range per row, the default), or "
+            "serve it with --no_batching",
+            spec.folder,
+        )
     return [
         OrtTranslator(spec.folder, provider=settings.provider, intra_op_num_threads=settings.threads_per_session)
         for _ in range(settings.sessions)
