@@ -54,6 +54,15 @@ class CacheState:
         if self.scorer is None:
             raise RuntimeError("step_top_k needs the beam_scores.onnx session; check ranks_candidates first")
 
+    def step_top_k(
+        self, last_tokens: np.ndarray, running_scores: np.ndarray, bias: np.ndarray, batch_size: int, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One decoder step (`_run`, the logits on the host) and the k best candidates of each sentence."""
+        self._require_scorer()
+        feed = {LOGITS: self._run(last_tokens), **scores_feed(running_scores, bias, batch_size, k)}
+        values, indices = self.scorer.run(None, feed)
+        return values, indices
+
 
 class NumpyState(CacheState):
     """Decoder cache held as numpy arrays; the runtime feeds them every step (CPU provider)."""
@@ -79,14 +88,6 @@ class NumpyState(CacheState):
 
     def step(self, last_tokens: np.ndarray) -> np.ndarray:
         return np.asarray(self._run(last_tokens)[:, -1, :], dtype=np.float32)  # (rows, vocab), a view for fp32
-
-    def step_top_k(
-        self, last_tokens: np.ndarray, running_scores: np.ndarray, bias: np.ndarray, batch_size: int, k: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        self._require_scorer()
-        feed = {LOGITS: self._run(last_tokens), **scores_feed(running_scores, bias, batch_size, k)}
-        values, indices = self.scorer.run(None, feed)
-        return values, indices
 
     def reorder(self, rows: np.ndarray) -> None:
         """Keep cache rows `rows`, in place: only rows whose beam changed are copied.
@@ -285,14 +286,6 @@ class InPlaceState(CacheState):
 
     def step(self, last_tokens: np.ndarray) -> np.ndarray:
         return self._run(last_tokens)[:, -1, :]  # (rows, vocab), a view into the logits buffer
-
-    def step_top_k(
-        self, last_tokens: np.ndarray, running_scores: np.ndarray, bias: np.ndarray, batch_size: int, k: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        self._require_scorer()
-        feed = {LOGITS: self._run(last_tokens), **scores_feed(running_scores, bias, batch_size, k)}
-        values, indices = self.scorer.run(None, feed)
-        return values, indices
 
     def reorder(self, rows: np.ndarray) -> None:
         """Keep cache rows `rows`, in place: only the decoded positions of rows whose beam changed are copied."""
