@@ -128,13 +128,14 @@ def quantize_activations_per_row(path: Path) -> int:
     across requests, the same text could then get another translation. Each `DynamicQuantizeLinear` is replaced here
     by a per-row quantization, as CTranslate2 quantizes its int8 inputs row by row:
 
-        c = (max(x_row) + min(x_row)) / 2,  scale = (max(x_row) - min(x_row)) / 254,  q = round((x - c) / scale) + 128
+        scale = (max(x_row) - min(x_row)) / 254,  q = round((x - min(x_row)) / scale)  in [0, 254]
 
-    onnxruntime's `MatMulInteger` takes one zero point per tensor, so the row's offset is not a zero point: the
-    product of the centred rows, (x - c) W, gets c * colsum(W) added back, with colsum(W) of the dequantized weight
-    computed at export. Like `DynamicQuantizeLinear`'s asymmetric range, the centre spends all 255 levels on the
-    row's own range (ReLU outputs included). The scale has shape (..., rows, 1) and broadcasts where the graph
-    multiplies it by the weight's scale (onnxruntime still fuses that into `MatMulIntegerToFloat`). Returns the
+    onnxruntime's `MatMulInteger` takes one zero point per tensor, so the row's offset is not a zero point (q is
+    taken with zero point 0): the product of the shifted rows, (x - min) W, gets min * colsum(W) added back, with
+    colsum(W) of the dequantized weight computed at export. Like `DynamicQuantizeLinear`'s asymmetric range, this
+    spends all levels on the row's own range (ReLU outputs included). The scale has shape (..., rows, 1) and
+    broadcasts where the graph multiplies it by the weight's scale (onnxruntime still fuses that into
+    `MatMulIntegerToFloat`). 11 operators replace each quantizer (9) and follow each product (2); returns the
     number of quantizations replaced.
     """
     import onnx
@@ -148,11 +149,9 @@ def quantize_activations_per_row(path: Path) -> int:
             consumers.setdefault(name, []).append(node)
     constants = {
         "row_quant.axes": np.array([-1], np.int64),
-        "row_quant.half": np.array(0.5, np.float32),
         "row_quant.levels": np.array(254.0, np.float32),
-        "row_quant.tiny": np.array(np.finfo(np.float32).tiny, np.float32),  # a constant row: scale > 0, q = 128
-        "row_quant.offset": np.array(128.0, np.float32),
-        "row_quant.zero_point": np.array(128, np.uint8),
+        "row_quant.tiny": np.array(np.finfo(np.float32).tiny, np.float32),  # a constant row: scale > 0, q = 0
+        "row_quant.zero_point": np.array(0, np.uint8),
     }
     before, after, replaced = {}, {}, 0  # nodes to insert in place of a quantizer / after a product's scaling
     for node in graph.node:
@@ -163,28 +162,27 @@ def quantize_activations_per_row(path: Path) -> int:
         before[id(node)] = [
             helper.make_node("ReduceMax", [x, "row_quant.axes"], [f"{p}.max"], keepdims=1),  # (..., rows, 1)
             helper.make_node("ReduceMin", [x, "row_quant.axes"], [f"{p}.min"], keepdims=1),
-            helper.make_node("Add", [f"{p}.max", f"{p}.min"], [f"{p}.sum"]),
-            helper.make_node("Mul", [f"{p}.sum", "row_quant.half"], [f"{p}.centre"]),
             helper.make_node("Sub", [f"{p}.max", f"{p}.min"], [f"{p}.range"]),
             helper.make_node("Div", [f"{p}.range", "row_quant.levels"], [f"{p}.scale"]),
             helper.make_node("Max", [f"{p}.scale", "row_quant.tiny"], [scale]),
-            helper.make_node("Sub", [x, f"{p}.centre"], [f"{p}.centred"]),
-            helper.make_node("Div", [f"{p}.centred", scale], [f"{p}.scaled"]),
+            helper.make_node("Sub", [x, f"{p}.min"], [f"{p}.shifted"]),
+            helper.make_node("Div", [f"{p}.shifted", scale], [f"{p}.scaled"]),
             helper.make_node("Round", [f"{p}.scaled"], [f"{p}.rounded"]),  # half to even, as DynamicQuantizeLinear
-            helper.make_node("Add", [f"{p}.rounded", "row_quant.offset"], [f"{p}.shifted"]),  # in [1, 255]
-            helper.make_node("Cast", [f"{p}.shifted"], [q], to=TensorProto.UINT8),
-            helper.make_node("Identity", ["row_quant.zero_point"], [zero_point]),
+            helper.make_node("Cast", [f"{p}.rounded"], [q], to=TensorProto.UINT8),
         ]
         for matmul in consumers[q]:  # MatMulInteger -> Cast -> Mul(scale product): the product's float value
+            if matmul.input[2] != zero_point:
+                raise ValueError(f"{path}: {matmul.name} does not take the quantizer's zero point; not rewritten")
+            matmul.input[2] = "row_quant.zero_point"
             (cast,) = consumers[matmul.output[0]]
             (scaled,) = consumers[cast.output[0]]
             sums = f"{p}.{matmul.name}.weight_column_sums"
             constants[sums] = _weight_column_sums(graph, matmul)
             product = scaled.output[0]
-            scaled.output[0] = f"{product}.centred"
+            scaled.output[0] = f"{product}.shifted"
             after[id(scaled)] = [
-                helper.make_node("Mul", [f"{p}.centre", sums], [f"{p}.{matmul.name}.offset"]),  # c x colsum(W)
-                helper.make_node("Add", [f"{product}.centred", f"{p}.{matmul.name}.offset"], [product]),
+                helper.make_node("Mul", [f"{p}.min", sums], [f"{p}.{matmul.name}.offset"]),  # min x colsum(W)
+                helper.make_node("Add", [f"{product}.shifted", f"{p}.{matmul.name}.offset"], [product]),
             ]
     if replaced:
         nodes = []
