@@ -51,17 +51,19 @@ def start_server(model: str, port: int, extra: list[str]) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def wait_ready(url: str, process: subprocess.Popen, timeout: float = 120) -> None:
+def wait_ready(url: str, process: subprocess.Popen | None = None, timeout: float = 120) -> None:
+    """Poll `url`/ready until it answers 200; raise if `process` (the server, when it is a subprocess) exits first
+    or `timeout` seconds pass."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process.poll() is not None:
+        if process is not None and process.poll() is not None:
             raise RuntimeError(f"vt-serve exited with status {process.returncode}")
         try:
             if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
                 return
         except httpx.TransportError:
             pass
-        time.sleep(0.2)
+        time.sleep(0.1)
     raise TimeoutError(f"{url} not ready after {timeout} s")
 
 

@@ -12,8 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
-
+from benchmarks.serve_load import wait_ready
 from tests.onnx_helpers import trained_export_dir
 from vanilla_transformer_ort.serve.app import create_app
 from vanilla_transformer_ort.serve.models import parse_model_spec
@@ -81,20 +80,6 @@ def live_server(service: TranslationService):
     finally:
         server.should_exit = True
         thread.join(timeout=30)
-
-
-def wait_ready(url: str, timeout: float = 60.0, process: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"the server exited with status {process.returncode}")
-        try:
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not become ready in {timeout} s")
 
 
 def serve_process(*args: str) -> tuple[subprocess.Popen, str]:

@@ -7,16 +7,12 @@ from pathlib import Path
 import polib
 import pytest
 
-from vanilla_transformer_ort.catalog import (
-    CatalogError,
-    check_output_path,
+from vanilla_transformer_ort.catalog import CatalogError, check_output_path, load_catalog, pretranslate, write_catalog
+from vanilla_transformer_ort.plural_forms import (
     compile_plural,
     default_plural_forms,
-    load_catalog,
     parse_plural_forms,
-    pretranslate,
     singular_forms,
-    write_catalog,
 )
 
 POT = r"""# Test catalog.

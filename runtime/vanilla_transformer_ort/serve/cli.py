@@ -43,54 +43,20 @@ def build_parser():
     parser.add_argument("--num_beams", type=positive_int, default=None, help="beam size (default: the folder's)")
     parser.add_argument("--max_new_tokens", type=positive_int, default=None, help="longest translation, in tokens")
     parser.add_argument("--provider", default="cpu", help="cpu, cuda or auto (default cpu)")
-    parser.add_argument(
-        "--char_limit",
-        type=positive_int,
-        default=defaults.char_limit,
-        help="characters a text; longer is a 400 (default %(default)s)",
-    )
-    parser.add_argument(
-        "--max_texts",
-        type=positive_int,
-        default=defaults.max_texts,
-        help="texts a request; more is a 413 (default %(default)s)",
-    )
-    parser.add_argument(
-        "--max_body_bytes",
-        type=positive_int,
-        default=defaults.max_body_bytes,
-        help="request body bytes; more is a 413 (default %(default)s)",
-    )
-    parser.add_argument(
-        "--max_queue",
-        type=positive_int,
-        default=defaults.max_queue,
-        help="segments waiting; more is a 429 (default %(default)s)",
-    )
-    parser.add_argument(
-        "--request_timeout",
-        type=float,
-        default=defaults.request_timeout,
-        help="seconds before a 503 (default %(default)s)",
-    )
-    parser.add_argument(
-        "--max_batch_tokens",
-        type=positive_int,
-        default=defaults.max_batch_tokens,
-        help="padded tokens a batch (default %(default)s)",
-    )
-    parser.add_argument(
-        "--max_batch_size",
-        type=positive_int,
-        default=defaults.max_batch_size,
-        help="segments a batch (default %(default)s)",
-    )
-    parser.add_argument(
-        "--max_wait_ms",
-        type=float,
-        default=defaults.max_wait_ms,
-        help="longest wait to fill a batch (default %(default)s)",
-    )
+    limits = [  # (flag, type, help): each a ServeSettings field of the same name, its default shown
+        ("char_limit", positive_int, "characters a text; longer is a 400"),
+        ("max_texts", positive_int, "texts a request; more is a 413"),
+        ("max_body_bytes", positive_int, "request body bytes; more is a 413"),
+        ("max_queue", positive_int, "segments waiting; more is a 429"),
+        ("request_timeout", float, "seconds before a 503"),
+        ("max_batch_tokens", positive_int, "padded tokens a batch"),
+        ("max_batch_size", positive_int, "segments a batch"),
+        ("max_wait_ms", float, "longest wait to fill a batch"),
+    ]
+    for name, kind, text in limits:
+        parser.add_argument(
+            f"--{name}", type=kind, default=getattr(defaults, name), help=f"{text} (default %(default)s)"
+        )
     parser.add_argument("--no_batching", action="store_true", help="never batch different requests together")
     parser.add_argument(
         "--no_protect_placeholders", action="store_true", help="translate %%s, {0}, <b> ... as plain text (unsafe)"
