@@ -367,14 +367,16 @@ def prepare_artifacts(workdir: Path = DEFAULT_WORKDIR, with_onnx: bool = True, l
 
 def _current_export(folder: Path, variant: str) -> bool:
     """An export folder written completely (the manifest comes last) as the exporter writes it now: the current
-    format version and, for int8, activations quantized per row."""
-    from vanilla_transformer_ort.contract import MANIFEST_FILE, MANIFEST_FORMAT_VERSION
+    format version, for fp32 the embedding stored once, and for int8 activations quantized per row."""
+    from vanilla_transformer_ort.contract import MANIFEST_FILE, MANIFEST_FORMAT_VERSION, SHARED_WEIGHTS_KEY
 
     path = folder / MANIFEST_FILE
     if not path.exists():
         return False
     manifest = json.loads(path.read_text())
     quantization = "int8-dynamic-per-row" if variant == "int8" else None
+    if variant == "fp32" and SHARED_WEIGHTS_KEY not in manifest:
+        return False
     return manifest.get("format_version") == MANIFEST_FORMAT_VERSION and manifest.get("quantization") == quantization
 
 

@@ -13,11 +13,16 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from tests.onnx_helpers import CONFIG, load_trained_model, trained_export_dir, trained_model_dir
+from tests.onnx_helpers import (
+    CONFIG,
+    load_trained_model,
+    trained_export_dir,
+    trained_int8_export_dir,
+    trained_model_dir,
+)
 from vanilla_transformer.export.onnx_export import export_model
 from vanilla_transformer.export.onnx_helper_graphs import write_beam_scores_graph
 from vanilla_transformer.export.onnx_validation import FP32_TOLERANCE, GridCase, validate_export, validation_grid
-from vanilla_transformer.export.onnx_variants import optimize_variant
 from vanilla_transformer_ort.contract import (
     BEAM_SCORES_FILE,
     DECODER_FILE,
@@ -25,9 +30,11 @@ from vanilla_transformer_ort.contract import (
     INPLACE_DECODER_FILE,
     MANIFEST_FILE,
     REORDER_FILE,
+    SHARED_WEIGHTS_KEY,
     decoder_input_names,
     decoder_output_names,
     encoder_output_names,
+    external_data_file,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -224,19 +231,54 @@ def test_export_folder_is_self_contained(export_dir):
     assert validation["inplace_logits"] < FP32_TOLERANCE and validation["inplace_present"] < FP32_TOLERANCE
 
 
-def _variant(export_dir: Path, tmp_path: Path, dtype: str, quantize: str | None, activations: str = "row") -> Path:
-    """What `export_model` writes for a variant: fp16 folders have only the copying decoder."""
-    target = tmp_path / f"{dtype}-{quantize}-{activations}"
-    shutil.copytree(export_dir, target)
-    inplace = dtype == "fp32"
-    if not inplace:
-        (target / INPLACE_DECODER_FILE).unlink()
-    optimize_variant(target, dtype, quantize, inplace=inplace, int8_activations=activations)
+def test_fp32_folder_stores_the_shared_embedding_once(export_dir):
+    """§3.4's one embedding matrix: every graph's table reads one raw file, the in-place decoder's output projection
+    reads its lookup's table, and no graph holds a (vocab, d_model) matrix of its own."""
+    manifest = json.loads((export_dir / MANIFEST_FILE).read_text())
+    shared = manifest[SHARED_WEIGHTS_KEY]
+    vocab, d_model = CONFIG["vocab_size"], CONFIG["d_model"]
+    assert shared["shape"] == [vocab, d_model] and shared["dtype"] == "float32"
+    assert set(shared["initializers"]) == {ENCODER_FILE, DECODER_FILE, INPLACE_DECODER_FILE}
+    table = np.fromfile(export_dir / shared["file"], dtype=np.float32).reshape(vocab, d_model)
+    model = load_trained_model()
+    np.testing.assert_array_equal(table, model.get_input_embeddings().weight.detach().numpy())
+    for graph_file, names in shared["initializers"].items():
+        graph = onnx.load(str(export_dir / graph_file), load_external_data=False).graph
+        tables = [t for t in graph.initializer if vocab in t.dims and d_model in t.dims]
+        external = {t.name: {e.key: e.value for e in t.external_data} for t in tables}
+        assert set(names) <= set(external), graph_file
+        assert all(external[name]["location"] == shared["file"] for name in names), graph_file
+        # the graph's other weights sit in its own side file, none inline
+        inline = [t.name for t in graph.initializer if t.HasField("raw_data") and len(t.raw_data) >= 1024]
+        assert inline == [], (graph_file, inline)
+        side_file = export_dir / external_data_file(graph_file)
+        assert side_file.stat().st_mode == (export_dir / graph_file).stat().st_mode  # as readable as the graph
+        if graph_file == INPLACE_DECODER_FILE:
+            assert [t.name for t in tables] == names  # one table: the lookup's, also the projection's
+            consumers = sorted(n.op_type for n in graph.node if names[0] in n.input)
+            assert consumers == ["Gather", "Gemm"]
+
+
+def _variant(tmp_path: Path, dtype: str, quantize: str | None, activations: str = "row") -> Path:
+    """What `export_model` writes for a variant (int8 folders: the shared cached exports, not to be modified)."""
+    if quantize:
+        return trained_int8_export_dir(activations)
+    target = tmp_path / f"{dtype}-{activations}"
+    export_model(trained_model_dir(), target, dtype=dtype)
     return target
 
 
+def _weight_bytes(folder: Path, graph_file: str) -> int:
+    """Bytes a graph's weights take on disk: the graph, its external data and the shared table it reads, if any."""
+    manifest = json.loads((folder / MANIFEST_FILE).read_text())
+    shared = manifest.get(SHARED_WEIGHTS_KEY, {})
+    files = [graph_file, external_data_file(graph_file)]
+    files += [shared["file"]] if graph_file in shared.get("initializers", {}) else []
+    return sum((folder / name).stat().st_size for name in files if (folder / name).is_file())
+
+
 def test_fp16_variant_runs_close_to_pytorch(model, export_dir, tmp_path):
-    folder = _variant(export_dir, tmp_path, "fp16", None)
+    folder = _variant(tmp_path, "fp16", None)
     decoder = onnx.load(str(folder / DECODER_FILE)).graph
     assert decoder.input[2].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16  # KV cache in fp16
     assert decoder.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
@@ -255,7 +297,7 @@ def test_fp16_variant_runs_close_to_pytorch(model, export_dir, tmp_path):
 
 
 def test_int8_variant_has_its_own_output_projection_and_runs(model, export_dir, tmp_path):
-    folder = _variant(export_dir, tmp_path, "fp32", "int8")
+    folder = _variant(tmp_path, "fp32", "int8")
     graph = onnx.load(str(folder / DECODER_FILE)).graph
     assert any(n.op_type == "MatMulInteger" for n in graph.node)
     producers = {out: node for node in graph.node for out in node.output}
@@ -277,7 +319,7 @@ def test_int8_variant_has_its_own_output_projection_and_runs(model, export_dir, 
     summary = validate_export(model, folder)
     print({k: v for k, v in summary.items() if k != "cases"})
     assert summary["logits"] < 0.5 and summary["inplace_logits"] < 0.5
-    assert (folder / DECODER_FILE).stat().st_size < (export_dir / DECODER_FILE).stat().st_size
+    assert _weight_bytes(folder, DECODER_FILE) < _weight_bytes(export_dir, DECODER_FILE)
 
 
 def _graph_rows(path: Path, feed: dict[str, np.ndarray], rows: list[int]) -> list[np.ndarray]:
@@ -293,7 +335,7 @@ def test_int8_activations_per_row_do_not_depend_on_the_batch(export_dir, tmp_pat
     """With one activation scale per row, a sentence's encoder outputs and logits are the same alone as in a batch
     whose other rows hold much larger values; with one scale per tensor they are not (the server's batches mix
     requests, so the same text could get another translation)."""
-    folder = _variant(export_dir, tmp_path, "fp32", "int8", activations)
+    folder = _variant(tmp_path, "fp32", "int8", activations)
     graphs = {name: onnx.load(str(folder / name)).graph for name in (ENCODER_FILE, DECODER_FILE)}
     quantizers = [n for graph in graphs.values() for n in graph.node if n.op_type == "DynamicQuantizeLinear"]
     assert (quantizers == []) == (activations == "row")

@@ -225,7 +225,10 @@ def test_cli_translates_without_torch():
     assert result.stdout.strip() == OrtTranslator(trained_export_dir(), provider="cpu").translate(["a b c"])[0]
 
 
-@pytest.mark.parametrize("missing", ["encoder_model.onnx", "decoder_model.onnx", "tokenizer.json"])
+@pytest.mark.parametrize(
+    "missing",
+    ["encoder_model.onnx", "decoder_model.onnx", "tokenizer.json", "encoder_model.onnx.data", "shared_embedding.bin"],
+)
 def test_folder_missing_a_file_names_it(tmp_path, missing):
     folder = tmp_path / "export"
     shutil.copytree(trained_export_dir(), folder)
@@ -234,6 +237,37 @@ def test_folder_missing_a_file_names_it(tmp_path, missing):
         OrtTranslator(folder)
     with pytest.raises(ValueError, match="does not exist"):
         OrtTranslator(tmp_path / "nowhere")
+
+
+def test_translators_of_a_folder_read_one_embedding_buffer(tmp_path, batch):
+    """The shared table is loaded once per process and onnxruntime reads that buffer itself, not a copy: scaling it
+    in place changes the encoder's output, and restoring it restores the output."""
+    from vanilla_transformer_ort import sessions
+
+    folder = tmp_path / "export"
+    shutil.copytree(trained_export_dir(), folder)
+    first, second = OrtTranslator(folder, provider="cpu"), OrtTranslator(folder, provider="cpu")
+    value, names = sessions.shared_table(folder, first.manifest)
+    assert value is sessions.shared_table(folder, second.manifest)[0] and names
+    table = next(entry[1] for entry in sessions._SHARED_TABLES.values() if entry[0] is value)
+    feed = {"input_ids": batch[0].numpy(), "attention_mask": batch[1].numpy()}
+    before = second.encoder.run(["last_hidden_state"], feed)[0]
+    table *= 2.0
+    try:
+        changed = second.encoder.run(["last_hidden_state"], feed)[0]
+    finally:
+        table /= 2.0
+    assert not np.allclose(before, changed, atol=1e-3)
+    np.testing.assert_array_equal(second.encoder.run(["last_hidden_state"], feed)[0], before)
+
+
+def test_shared_table_of_the_wrong_size_is_refused(tmp_path):
+    folder = tmp_path / "export"
+    shutil.copytree(trained_export_dir(), folder)
+    with open(folder / "shared_embedding.bin", "ab") as handle:
+        handle.write(b"\0" * 8)
+    with pytest.raises(ValueError, match="shared_embedding.bin holds .* bytes; manifest.json records"):
+        OrtTranslator(folder, provider="cpu")
 
 
 def test_bad_provider_names_the_problem():
@@ -256,10 +290,16 @@ def test_session_options_reach_onnxruntime(model, batch):
     assert not options.enable_cpu_mem_arena and session_options(1, enable_cpu_mem_arena=True).enable_cpu_mem_arena
     with pytest.raises(ValueError, match="intra_op_num_threads"):
         session_options(0)
-    arena = OrtTranslator(trained_export_dir(), provider="cpu", enable_cpu_mem_arena=True)
+    # the process's one CPU arena (the translator's default on CPU): sessions opt in to onnxruntime's env allocators
+    shared = session_options(1, shared_cpu_arena=True)
+    assert shared.enable_cpu_mem_arena and shared.get_session_config_entry("session.use_env_allocators") == "1"
+    with pytest.raises(RuntimeError, match="use_env_allocators"):  # not set unless asked for
+        options.get_session_config_entry("session.use_env_allocators")
     ids, mask = batch[0].numpy(), batch[1].numpy()
     expected = _generate(model, batch, num_beams=2, max_new_tokens=6)
-    np.testing.assert_array_equal(arena.generate(ids, mask, num_beams=2, max_new_tokens=6), expected)
+    for arena in (True, False):  # each session's own arena, or none
+        own = OrtTranslator(trained_export_dir(), provider="cpu", shared_cpu_arena=False, enable_cpu_mem_arena=arena)
+        np.testing.assert_array_equal(own.generate(ids, mask, num_beams=2, max_new_tokens=6), expected)
 
 
 def _optimized_ops(tmp_path: Path, disabled_optimizers) -> list:
@@ -272,7 +312,7 @@ def _optimized_ops(tmp_path: Path, disabled_optimizers) -> list:
     options = session_options(1)
     options.optimized_model_filepath = str(tmp_path / f"optimized-{len(disabled_optimizers or ())}.onnx")
     create_session(trained_export_dir() / DECODER_FILE, options, ["CPUExecutionProvider"], disabled_optimizers)
-    return list(onnx.load(options.optimized_model_filepath).graph.node)
+    return list(onnx.load(options.optimized_model_filepath, load_external_data=False).graph.node)  # nodes only
 
 
 def _scale(node) -> float:

@@ -14,6 +14,11 @@ INPLACE_DECODER_FILE = "decoder_model_inplace.onnx"
 REORDER_FILE = "cache_reorder.onnx"  # optional helper graph: beam reordering where the cache lives
 BEAM_SCORES_FILE = "beam_scores.onnx"  # optional helper graph: a beam step's log-softmax and top k in onnxruntime
 GRAPH_FILES = (ENCODER_FILE, DECODER_FILE, INPLACE_DECODER_FILE, REORDER_FILE, BEAM_SCORES_FILE)
+# fp32 folders keep the graphs' weights in ONNX external data: each graph's own in `<graph>.data`, and the embedding
+# table that the encoder, the decoders and the output projection share once, in this raw float32 (vocab, d_model)
+# file, which every graph's embedding initializer points at (manifest.json's `shared_weights` names them).
+SHARED_EMBEDDING_FILE = "shared_embedding.bin"
+SHARED_WEIGHTS_KEY = "shared_weights"
 MANIFEST_FILE = "manifest.json"
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -53,6 +58,11 @@ REORDERED_PREFIX = "reordered"
 # (batch, -1) shape and k, in; the k best `log_softmax(last logits) + bias + running_scores` per sentence out.
 BEAM_SCORES_INPUTS = (LOGITS, "running_scores", "bias", "scores_shape", "k")
 BEAM_SCORES_OUTPUTS = ("values", "indices")
+
+
+def external_data_file(graph_file: str) -> str:
+    """The side file of a graph's own external weights: `encoder_model.onnx` -> `encoder_model.onnx.data`."""
+    return f"{graph_file}.data"
 
 
 def cache_names(num_layers: int, prefix: str) -> list[str]:

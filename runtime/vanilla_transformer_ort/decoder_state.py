@@ -202,8 +202,9 @@ class InPlaceState(CacheState):
     same numpy buffer of shape (rows, heads, capacity, d_k), so onnxruntime's `GroupQueryAttention` writes a step's
     keys and values in place instead of copying the cache into new outputs. The buffers start at `capacity`
     positions and double when a step would overflow them (one copy of what was decoded so far, as a growing array
-    does). The cross-attention keys/values and the source mask are held once per source, (batch, ...), and read by
-    all `num_beams` rows of that source. The logits of one step live in a buffer that the next step overwrites.
+    does), never past `max_capacity` (the generation's own length limit, when known). The cross-attention
+    keys/values and the source mask are held once per source, (batch, ...), and read by all `num_beams` rows of
+    that source. The logits of one step live in a buffer that the next step overwrites.
     """
 
     def __init__(
@@ -217,10 +218,11 @@ class InPlaceState(CacheState):
         vocab_size: int,
         scorer=None,
         capacity: int = 16,
+        max_capacity: int | None = None,
     ):
         super().__init__(session, vocab_size, scorer)
         self.ort = import_onnxruntime()
-        self.num_beams, self.length = num_beams, 0
+        self.num_beams, self.length, self.max_capacity = num_beams, 0, max_capacity
         self.cross, self.mask = cross, mask
         self.cache_names = [past_name(name) for name in self.output_names[1:]]  # past_key_values.{i}.decoder.*
         rows = mask.shape[0] * num_beams
@@ -256,6 +258,8 @@ class InPlaceState(CacheState):
     def _grow(self, needed: int) -> None:
         """Re-allocate every buffer for at least `needed` positions, keeping the `length` decoded so far."""
         capacity = max(needed, 2 * self.capacity)
+        if self.max_capacity is not None:
+            capacity = max(needed, min(capacity, self.max_capacity))
         for name, old in self.buffers.items():
             new = np.zeros((*old.shape[:2], capacity, old.shape[3]), dtype=old.dtype)
             new[:, :, : self.length] = old[:, :, : self.length]

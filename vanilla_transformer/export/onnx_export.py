@@ -21,14 +21,18 @@ from vanilla_transformer_ort.contract import (
     MANIFEST_FILE,
     MANIFEST_FORMAT,
     MANIFEST_FORMAT_VERSION,
+    SHARED_EMBEDDING_FILE,
+    SHARED_WEIGHTS_KEY,
     TOKENIZER_FILE,
     TOKENIZER_FILES,
+    external_data_file,
 )
 
 from .onnx_graphs import DEFAULT_OPSET, export_graphs
 from .onnx_helper_graphs import write_beam_scores_graph, write_cache_reorder_graph
 from .onnx_inplace_decoder import export_inplace_decoder
 from .onnx_variants import optimize_variant
+from .onnx_weights import store_weights_externally
 
 
 def _graph_io(path: Path) -> dict:
@@ -115,16 +119,25 @@ def export_model(
     export_graphs(model, output_dir, opset=opset)
     inplace = decoder_cache == "inplace" and dtype == "fp32"
     (output_dir / INPLACE_DECODER_FILE).unlink(missing_ok=True)  # a re-export into an older folder
+    for stale in (SHARED_EMBEDDING_FILE, *(external_data_file(name) for name in GRAPH_FILES)):
+        (output_dir / stale).unlink(missing_ok=True)  # a re-export into a folder of another dtype
     if inplace:
-        export_inplace_decoder(model, output_dir)
+        export_inplace_decoder(model, output_dir, tie_output_projection=not quantize)
     if dtype != "fp32" or quantize:
         optimize_variant(output_dir, dtype, quantize, inplace=inplace, int8_activations=int8_activations)
+    shared_weights = {}
+    if dtype == "fp32" and not quantize:
+        table = model.get_input_embeddings().weight.detach().float().numpy()
+        shared_weights = store_weights_externally(output_dir, table)
     write_cache_reorder_graph(output_dir)
     write_beam_scores_graph(output_dir)
     model.config.save_pretrained(output_dir)
     model.generation_config.save_pretrained(output_dir)
     quantization = {"row": "int8-dynamic-per-row", "tensor": "int8-dynamic"}[int8_activations] if quantize else None
     manifest = build_manifest(model.config, output_dir, dtype=dtype, quantization=quantization, opset=opset)
+    if shared_weights:
+        spec = {"file": SHARED_EMBEDDING_FILE, "dtype": "float32", "shape": list(table.shape)}
+        manifest[SHARED_WEIGHTS_KEY] = {**spec, "initializers": shared_weights}
     manifest.update(_languages(model_dir))
     (output_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -127,7 +127,7 @@ def _positions(graph: GraphBuilder, total: str, new_len: str, d_model: int) -> s
     return graph.op("Reshape", [pairs, graph.constant(np.array([-1, d_model], np.int64))])
 
 
-def build_inplace_decoder(model: nn.Module):
+def build_inplace_decoder(model: nn.Module, tie_output_projection: bool = True):
     """The in-place decoder step of `model` (a `VanillaTransformerForConditionalGeneration`) as an `onnx.ModelProto`.
 
     Inputs: `input_ids` (rows, new) int64 with rows = batch x beams, each source's beams adjacent;
@@ -135,6 +135,10 @@ def build_inplace_decoder(model: nn.Module):
     `past_key_values.{i}.decoder.key/value` (rows, heads, capacity, d_k) with capacity >= total_sequence_length, and
     `past_key_values.{i}.encoder.key/value` (batch, heads, src_len, d_k), once per source. Outputs: `logits`
     (rows, new, vocab) and `present.{i}.decoder.key/value`, the cache buffers (shared with the past when bound so).
+
+    `tie_output_projection`: where the model ties its output projection to the embedding (§3.4), compute the logits
+    from the lookup's own table with a `Gemm` (transB), one copy of the table in the graph; False gives the
+    projection its own pre-transposed (d_model, vocab) weight for a `MatMul`, the form int8 quantization takes.
     """
     from onnx import TensorProto, helper
 
@@ -157,7 +161,8 @@ def build_inplace_decoder(model: nn.Module):
     seqlens_k = graph.op("Expand", [last, rows])  # (rows,) int32
     source_mask = graph.op("Cast", [ENCODER_ATTENTION_MASK], to=6)  # int32 (batch, src_len), 1 = token
 
-    embeddings = graph.op("Gather", [graph.weight(decoder.embed_tokens.weight, "embed_tokens.weight"), INPUT_IDS])
+    embed_table = graph.weight(decoder.embed_tokens.weight, "embed_tokens.weight")  # (vocab, d_model)
+    embeddings = graph.op("Gather", [embed_table, INPUT_IDS])
     scale = graph.constant(np.array(decoder.input_representation.embed_scale, np.float32))  # sqrt(d_model) (§3.4)
     hidden = graph.op("Add", [graph.op("Mul", [embeddings, scale]), _positions(graph, TOTAL_SEQUENCE_LENGTH,
                                                                                 new_len, d_model)])  # fmt: skip
@@ -204,12 +209,27 @@ def build_inplace_decoder(model: nn.Module):
         hidden = _residual(graph, hidden, layer.final_layer_norm, feed_forward, f"{prefix}.final_layer_norm")
     if decoder.layer_norm is not None:  # pre-LN stacks end with a LayerNorm
         hidden = _layer_norm(graph, hidden, decoder.layer_norm, "layer_norm")
-    logits_inputs = [hidden, graph.weight(model.lm_head.weight.T, "lm_head.weight_transposed")]
     bias = getattr(model, "final_logits_bias", None)
-    if bias is None:
-        graph.op("MatMul", logits_inputs, [LOGITS])
+    if tie_output_projection and model.lm_head.weight is decoder.embed_tokens.weight:
+        # The output projection reads the lookup's own table (vocab, d_model): one copy of the shared embedding.
+        flat = graph.op("Reshape", [hidden, graph.constant(np.array([-1, d_model], np.int64))])  # (rows x new, d)
+        gemm_inputs = [flat, embed_table] + ([graph.weight(bias[0], "final_logits_bias")] if bias is not None else [])
+        logits = graph.op("Gemm", gemm_inputs, transB=1)  # (rows x new, vocab)
+        logits_shape = graph.op(
+            "Concat",
+            [
+                graph.op("Slice", [query_shape, *(graph.constant(np.array([v], np.int64)) for v in (0, 2))]),
+                graph.constant(np.array([config.target_vocab_size], np.int64)),
+            ],
+            axis=0,
+        )
+        graph.op("Reshape", [logits, logits_shape], [LOGITS])  # -> (rows, new, vocab)
     else:
-        graph.op("Add", [graph.op("MatMul", logits_inputs), graph.weight(bias[0], "final_logits_bias")], [LOGITS])
+        logits_inputs = [hidden, graph.weight(model.lm_head.weight.T, "lm_head.weight_transposed")]
+        if bias is None:
+            graph.op("MatMul", logits_inputs, [LOGITS])
+        else:
+            graph.op("Add", [graph.op("MatMul", logits_inputs), graph.weight(bias[0], "final_logits_bias")], [LOGITS])
 
     def tensor(name: str, elem_type: int, dims: list) -> object:
         return helper.make_tensor_value_info(name, elem_type, dims)
@@ -233,10 +253,11 @@ def build_inplace_decoder(model: nn.Module):
 
 
 @torch.no_grad()
-def export_inplace_decoder(model: nn.Module, output_dir: str | Path) -> Path:
-    """Write `decoder_model_inplace.onnx` (fp32) into `output_dir`; returns its path."""
+def export_inplace_decoder(model: nn.Module, output_dir: str | Path, tie_output_projection: bool = True) -> Path:
+    """Write `decoder_model_inplace.onnx` (fp32) into `output_dir`; returns its path (`tie_output_projection`: see
+    `build_inplace_decoder`)."""
     import onnx
 
     path = Path(output_dir) / INPLACE_DECODER_FILE
-    onnx.save(build_inplace_decoder(model.eval()), str(path))
+    onnx.save(build_inplace_decoder(model.eval(), tie_output_projection), str(path))
     return path
