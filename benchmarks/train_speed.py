@@ -62,6 +62,10 @@ def build_systems(batch: int, optimizer: str, variants: list[str]) -> dict[str, 
     systems = {REFERENCE: make_step(common.build_marian(), batch, optimizer)}
     if "eager" in variants:
         systems["vanilla PyTorch"] = make_step(common.build_vanilla(), batch, optimizer)
+    if "fused-off" in variants:
+        model = common.build_vanilla()
+        model.config.fused_output_loss = False  # lm_head's logits, then the chunked loss on them
+        systems["vanilla (fused loss off)"] = make_step(model, batch, optimizer)
     if "compile" in variants:
         systems["vanilla torch.compile"] = make_step(common.build_vanilla(), batch, optimizer, compile_model=True)
     if "eager-attn" in variants:
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--variants",
         nargs="*",
         default=["eager", "compile"],
-        choices=["eager", "compile", "eager-attn", "bf16", "marian-compile", "marian-bf16"],
+        choices=["eager", "compile", "eager-attn", "bf16", "marian-compile", "marian-bf16", "fused-off"],
         help="which of this package's variants to run next to eager Marian",
     )
     parser.add_argument("--name", default="train_speed", help="results file name under benchmarks/results/")

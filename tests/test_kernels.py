@@ -13,6 +13,7 @@ from vanilla_transformer.model.kernels import (
     _onednn_available,
     attention,
     dropout,
+    fuses_output_loss,
     is_tracing,
     keep_mask,
     packed_weights,
@@ -366,3 +367,23 @@ def test_attention_under_cpu_autocast_leaves_long_keys_to_the_backend_in_fp32():
         assert output.dtype == torch.bfloat16
         torch.testing.assert_close(output.float(), _bf16_oracle(q, k, v), atol=3e-2, rtol=2e-2)
     assert received == [(torch.float32, MATH_ATTENTION_MAX_KEYS + 1, False)]
+
+
+def test_the_output_loss_is_fused_only_for_a_plain_hookless_fp32_cpu_linear():
+    head, hidden = Linear(8, 11, bias=False), torch.randn(3, 8)
+    assert fuses_output_loss(head, hidden)
+    assert not fuses_output_loss(head, hidden.double())
+    assert not fuses_output_loss(Linear(8, 11), hidden)  # a bias of its own
+    assert not fuses_output_loss(nn.Linear(8, 11, bias=False), hidden)  # not this package's module (PEFT, ...)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not fuses_output_loss(head, hidden)
+    for register in (head.register_forward_hook, head.register_forward_pre_hook):
+        handle = register(lambda *args: None)
+        assert not fuses_output_loss(head, hidden)
+        handle.remove()
+    handle = nn.modules.module.register_module_forward_pre_hook(lambda *args: None)
+    try:
+        assert not fuses_output_loss(head, hidden)
+    finally:
+        handle.remove()
+    assert fuses_output_loss(head, hidden)

@@ -1,4 +1,5 @@
-"""The chunked cross-entropy with label smoothing against torch's `cross_entropy` and transformers' `LabelSmoother`."""
+"""The chunked cross-entropy with label smoothing, and the fused output projection plus loss, against torch's
+`cross_entropy` on full logits and transformers' `LabelSmoother`."""
 
 import pytest
 import torch
@@ -6,7 +7,7 @@ from transformers.trainer_pt_utils import LabelSmoother
 
 from tests.conftest import make_model, padded_batch
 from vanilla_transformer.model import loss as loss_module
-from vanilla_transformer.model.loss import token_cross_entropy
+from vanilla_transformer.model.loss import linear_cross_entropy, token_cross_entropy
 
 
 def _case(rows: int = 23, vocab: int = 37, seed: int = 0):
@@ -19,8 +20,10 @@ def _case(rows: int = 23, vocab: int = 37, seed: int = 0):
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    """Several chunks per call, the last one partial, even on tiny inputs."""
+    """Several chunks per call, the last one partial, even on tiny inputs (for the fused loss: products of 12 rows
+    at 37 words, each reduced 5 rows at a time)."""
     monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 37 * 5)
+    monkeypatch.setattr(loss_module, "PROJECTION_CHUNK_ELEMENTS", 37 * 12)
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.5])
@@ -97,3 +100,70 @@ def test_accelerator_tensors_take_torch_cross_entropy(monkeypatch):
     assert modeling.seq2seq_cross_entropy(logits, labels, label_smoothing=0.1).shape == ()
     with pytest.raises(AssertionError, match="chunked CPU loss"):
         modeling.seq2seq_cross_entropy(torch.zeros(2, 5, 37), torch.zeros(2, 5, dtype=torch.long))
+
+
+def _projection_case(rows: int = 23, width: int = 13, vocab: int = 37, dtype=torch.float64, seed: int = 0):
+    """Hidden states (rows, width), weight (vocab, width), bias (vocab,) and labels with three ignored."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(rows, width, generator=g, dtype=dtype)
+    weight = torch.randn(vocab, width, generator=g, dtype=dtype) * 0.7
+    bias = torch.randn(vocab, generator=g, dtype=dtype)
+    labels = torch.randint(0, vocab, (rows,), generator=g)
+    labels[[2, 7, 8]] = -100
+    return hidden, weight, bias, labels
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_projection_loss_matches_torch_cross_entropy_on_full_logits(smoothing, with_bias, dtype):
+    """The summed loss and the gradients for the hidden states, the weight and the bias, against torch's
+    `cross_entropy(label_smoothing=ε)` on the whole logits h Wᵀ + b."""
+    hidden, weight, bias, labels = _projection_case(dtype=dtype)
+    bias = bias if with_bias else None
+    ours_in = [t.clone().requires_grad_() for t in (hidden, weight) + ((bias,) if with_bias else ())]
+    ref_in = [t.detach().clone().requires_grad_() for t in ours_in]
+    ours = linear_cross_entropy(ours_in[0], ours_in[1], ours_in[2] if with_bias else None, labels, smoothing)
+    logits = torch.nn.functional.linear(*ref_in)
+    ref = torch.nn.functional.cross_entropy(logits, labels, reduction="sum", label_smoothing=smoothing)
+    tol = dict(rtol=1e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    assert ours.shape == () and ours.dtype == dtype
+    torch.testing.assert_close(ours, ref, **tol)
+    (ours * 0.37).backward()  # the backward scales the gradients computed in the forward
+    (ref * 0.37).backward()
+    for name, a, b in zip(("hidden", "weight", "bias"), ours_in, ref_in, strict=False):
+        torch.testing.assert_close(a.grad, b.grad, **tol, msg=name)
+    assert torch.all(ours_in[0].grad[[2, 7, 8]] == 0)
+
+
+def test_fused_projection_loss_gradcheck():
+    hidden, weight, bias, labels = _projection_case(rows=9, width=5, vocab=11)
+    inputs = tuple(t.requires_grad_() for t in (hidden, weight, bias))
+    assert torch.autograd.gradcheck(lambda h, w, b: linear_cross_entropy(h, w, b, labels, 0.1), inputs)
+
+
+def test_fused_projection_loss_computes_only_the_gradients_asked_for():
+    """Without autograd only the loss; with a frozen weight no weight gradient (and the same hidden gradient)."""
+    hidden, weight, _, labels = _projection_case(dtype=torch.float32)
+    expected = token_cross_entropy(hidden @ weight.T, labels, 0.1).sum()
+    with torch.no_grad():
+        torch.testing.assert_close(linear_cross_entropy(hidden, weight, None, labels, 0.1), expected)
+    h = hidden.clone().requires_grad_()
+    linear_cross_entropy(h, weight, None, labels, 0.1).backward()
+    h_ref = hidden.clone().requires_grad_()
+    token_cross_entropy(h_ref @ weight.T, labels, 0.1).sum().backward()
+    torch.testing.assert_close(h.grad, h_ref.grad)
+
+
+def test_fused_projection_loss_bad_arguments_are_named():
+    hidden, weight, bias, labels = _projection_case()
+    with pytest.raises(ValueError, match="label_smoothing"):
+        linear_cross_entropy(hidden, weight, None, labels, -0.1)
+    with pytest.raises(ValueError, match="weight"):
+        linear_cross_entropy(hidden, weight.T, None, labels)
+    with pytest.raises(ValueError, match="labels"):
+        linear_cross_entropy(hidden, weight, None, labels[:-1])
+    with pytest.raises(ValueError, match="bias"):
+        linear_cross_entropy(hidden, weight, bias[:-1], labels)
+    with pytest.raises(ValueError, match="dtype"):
+        linear_cross_entropy(hidden.float(), weight, None, labels)

@@ -198,6 +198,67 @@ def test_loss_ignores_minus_100_and_honours_num_items_in_batch():
     torch.testing.assert_close(out_sum.loss, expected * keep.sum() / 20)
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("logits_bias", [False, True])
+@pytest.mark.parametrize("num_items_in_batch", [None, 20])
+def test_fused_training_loss_matches_cross_entropy_on_full_logits(smoothing, logits_bias, num_items_in_batch):
+    """In training the output projection and the loss run fused (no logits returned); the loss and the gradients of
+    every parameter (the tied embedding, and a trainable `final_logits_bias`) are those of torch's
+    `cross_entropy(label_smoothing=ε)` on the full logits of the unfused model."""
+    src, mask = padded_batch()
+    labels = torch.randint(4, 37, (3, 5))
+    labels[1, 3:] = -100
+    labels[2, 2:] = -100
+    results = []
+    for fused in (True, False):
+        model = make_model(seed=6, add_final_logits_bias=logits_bias, fused_output_loss=fused).train()
+        if logits_bias:
+            model.final_logits_bias = nn.Parameter(torch.randn(1, 37, generator=torch.Generator().manual_seed(0)))
+        out = model(input_ids=src, attention_mask=mask, labels=labels, label_smoothing=smoothing,
+                    num_items_in_batch=num_items_in_batch)  # fmt: skip
+        if fused:
+            assert out.logits is None
+            loss = out.loss
+        else:
+            loss = nn.functional.cross_entropy(
+                out.logits.flatten(0, 1), labels.flatten(), reduction="sum", label_smoothing=smoothing
+            ) / (num_items_in_batch or (labels != -100).sum())
+            torch.testing.assert_close(out.loss, loss, rtol=1e-6, atol=1e-7)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (fused_loss, fused_grads), (ref_loss, ref_grads) = results
+    torch.testing.assert_close(fused_loss, ref_loss, rtol=1e-6, atol=1e-7)
+    assert fused_grads.keys() == ref_grads.keys() and ("final_logits_bias" in ref_grads) == logits_bias
+    assert "model.shared.weight" in ref_grads and "lm_head.weight" not in ref_grads  # tied: one parameter
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_logits_are_returned_wherever_the_loss_is_not_fused():
+    """Evaluation, the flag off, a forward hook on `lm_head` (as FSDP and PEFT add) and CPU autocast all call
+    `lm_head` and return logits, with the same loss."""
+    src, mask = padded_batch()
+    labels = torch.randint(4, 37, (3, 5))
+    model = make_model(seed=2).train()
+    fused = model(input_ids=src, attention_mask=mask, labels=labels, label_smoothing=0.1)
+    assert fused.logits is None
+    calls = []
+    handle = model.lm_head.register_forward_hook(lambda *args: calls.append(1))
+    hooked = model(input_ids=src, attention_mask=mask, labels=labels, label_smoothing=0.1)
+    handle.remove()
+    assert calls == [1] and hooked.logits.shape == (3, 5, 37)
+    torch.testing.assert_close(hooked.loss, fused.loss)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(input_ids=src, attention_mask=mask, labels=labels).logits is not None
+    model.config.fused_output_loss = False
+    assert model(input_ids=src, attention_mask=mask, labels=labels).logits is not None
+    model.config.fused_output_loss = True
+    model.eval()
+    evaluated = model(input_ids=src, attention_mask=mask, labels=labels, label_smoothing=0.1)
+    assert evaluated.logits.shape == (3, 5, 37)
+    torch.testing.assert_close(evaluated.loss, fused.loss)
+
+
 def test_decoder_inputs_are_built_from_labels():
     model = make_model()
     labels = torch.tensor([[5, 6, 7, 2], [8, 2, -100, -100]])

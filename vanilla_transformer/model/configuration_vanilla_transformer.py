@@ -85,6 +85,12 @@ class VanillaTransformerConfig(PreTrainedConfig):
       output projection's matrix products with weights packed once by oneDNN (`kernels.Linear`): 1.2-2.2x faster
       decoding at base size, for a second copy of those weights in memory. An engineering switch, not in the paper;
       `model.set_cpu_weight_packing(False)` turns it off.
+    - `fused_output_loss`: in eager CPU fp32 training (the model in `train()` mode, `labels` given, no autocast, no
+      graph capture), compute the output projection and the loss together in row chunks (`loss.LinearCrossEntropy`),
+      never holding the (tokens, vocab) logits or their gradient; the loss and gradients are the unfused ones to fp32
+      rounding, but `outputs.logits` is None on that path (as with Liger-Kernel's fused linear cross-entropy), and
+      `lm_head`'s forward is not called, so the path is skipped wherever `lm_head` carries forward hooks (FSDP, PEFT)
+      or is not this package's plain `Linear`. An engineering switch, not in the paper; False always returns logits.
 
     Opt-in fields for importing MarianMT / OPUS-MT checkpoints (see `convert.py`); the defaults are the paper's model:
 
@@ -131,6 +137,7 @@ class VanillaTransformerConfig(PreTrainedConfig):
     is_encoder_decoder: bool = True
     use_cache: bool = True
     cpu_weight_packing: bool = True
+    fused_output_loss: bool = True
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
@@ -230,7 +237,7 @@ class VanillaTransformerConfig(PreTrainedConfig):
             raise ValueError(f"`layer_norm_eps` must be positive, got {self.layer_norm_eps!r}.")
         if self.init_std is not None and self.init_std <= 0:
             raise ValueError(f"`init_std` must be positive or None, got {self.init_std!r}.")
-        for field in ("add_final_logits_bias", "share_encoder_decoder_embeddings"):
+        for field in ("add_final_logits_bias", "share_encoder_decoder_embeddings", "fused_output_loss"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"`{field}` must be True or False, got {getattr(self, field)!r}.")
         decoder_vocab_size = self.decoder_vocab_size

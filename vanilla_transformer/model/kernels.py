@@ -7,6 +7,8 @@ never choose a kernel themselves; `is_tracing` is the one "is a graph being capt
 - `dropout`, `relu_dropout` and `keep_mask`: faster keep-masks for eager CPU training, and the FFN's ReLU and its
   dropout as one autograd node.
 - `cross_entropy`: the chunked label-smoothed loss of `loss.py` for eager CPU runs, torch's fused kernel elsewhere.
+- `fuses_output_loss` and `linear_cross_entropy`: where the output projection and the loss may run as one chunked
+  autograd node (`loss.LinearCrossEntropy`), and that node.
 
 Each path computes what the plain torch operation computes (to fp32 rounding; dropout draws its masks with the same
 probability, to within 2⁻¹⁶), and compiled, exported or traced graphs always get the plain torch operation. Imports
@@ -35,6 +37,7 @@ import torch
 from torch import nn
 
 from .loss import IGNORE_INDEX, token_cross_entropy
+from .loss import linear_cross_entropy as linear_cross_entropy  # the fused node, re-exported for the model
 
 # module -> (weight key, packed weight); weak, so copies and deletions of modules need no care.
 _PACKED: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, torch.Tensor]]" = weakref.WeakKeyDictionary()
@@ -263,3 +266,26 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: f
             reduction="none", label_smoothing=label_smoothing,
         )  # fmt: skip
     return token_cross_entropy(logits, labels, label_smoothing)
+
+
+def fuses_output_loss(head: nn.Module, hidden: torch.Tensor) -> bool:
+    """Whether the output projection `head` and the loss may run as one node (`linear_cross_entropy`) on `hidden`.
+
+    Only where the result is the unfused one to fp32 rounding and nothing is skipped that anything relies on: eager
+    (no graph captured), on the CPU, fp32 hidden states and weight without autocast, `head` exactly this package's
+    `Linear` without a bias (not a PEFT/LoRA or quantised replacement), with a plain tensor weight (not an FSDP or
+    tensor-parallel DTensor), and no forward hooks on it or on all modules (FSDP and PEFT hook there: the fused node
+    never calls `head`). The training loss of a model with the fused path differs in that the logits are not returned.
+    """
+    weight = getattr(head, "weight", None)
+    return (
+        type(head) is Linear
+        and head.bias is None
+        and type(weight) in (torch.Tensor, nn.Parameter)
+        and hidden.device.type == "cpu" == weight.device.type
+        and hidden.dtype == torch.float32 == weight.dtype
+        and not torch.is_autocast_enabled("cpu")
+        and not (head._forward_hooks or head._forward_pre_hooks)
+        and not (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks)
+        and not is_tracing()
+    )

@@ -15,13 +15,18 @@ its backward and the zero-filled gradient) to 0.15 s.
 
 Low-precision logits (bf16 under CPU autocast) are read chunk by chunk into fp32, and the gradient is written back in
 their dtype: the same values as casting the whole (N, V) tensor to fp32 first and its gradient back, without those two
-copies. Imports only torch, so that it can be shipped as remote code.
+copies.
+
+`linear_cross_entropy` goes one step further for CPU fp32 training: the output projection and the loss together, in
+row chunks (`LinearCrossEntropy`), so that neither the (tokens, V) logits nor their gradient ever exists whole.
+Imports only torch, so that it can be shipped as remote code.
 """
 
 import torch
 
 IGNORE_INDEX = -100
 CHUNK_ELEMENTS = 1 << 19  # rows per chunk x vocabulary: 2 MiB of fp32, about one core's L2 cache
+PROJECTION_CHUNK_ELEMENTS = 1 << 24  # rows x vocabulary per matrix product of `LinearCrossEntropy`: 64 MiB of fp32
 
 
 def _rows_per_chunk(vocab_size: int) -> int:
@@ -80,10 +85,100 @@ class SmoothedCrossEntropy(torch.autograd.Function):
 def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
     """(N, V) float logits and (N,) labels -> (N,) per-token losses (fp32 for 16-bit logits), 0 where the label is
     `IGNORE_INDEX`."""
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
+    _check_smoothing(label_smoothing)
     if logits.dim() != 2 or labels.shape != logits.shape[:1]:
         raise ValueError(
             f"Expected logits (N, V) and labels (N,), got {tuple(logits.shape)} and {tuple(labels.shape)}"
         )
     return SmoothedCrossEntropy.apply(logits, labels, float(label_smoothing))
+
+
+def _check_smoothing(label_smoothing: float) -> None:
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """Sum over tokens of the label-smoothed loss (§5.4) of the logits h Wᵀ + b, with the gradient computed in the
+    forward.
+
+    Rows of h are taken `PROJECTION_CHUNK_ELEMENTS // V` at a time: their logits go into one (rows, V) buffer reused
+    for every chunk, are reduced to the loss in cache-sized sub-chunks, and overwritten in place by their gradient
+    softmax(z) − (1 − ε) · onehot(y) − ε / V (0 for ignored rows), which the two products of the backward consume at
+    once: grad_h[rows] = g W and grad_W += gᵀ h[rows] (and grad_b += Σ g). The output is a scalar, so the backward
+    only scales the saved gradients by the incoming one. The matrix products are those of the unfused path; what is
+    gone is writing, page-faulting and re-reading two (tokens, V) tensors.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+                smoothing: float) -> torch.Tensor:  # fmt: skip
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        need_grad = need_hidden or need_weight or need_bias
+        tokens, vocab_size = hidden.shape[0], weight.shape[0]
+        valid = labels != IGNORE_INDEX
+        target = torch.where(valid, labels, 0)
+        scale = valid.to(hidden.dtype)[:, None]  # (N, 1): 1 where the token counts, 0 where it is ignored
+        step = max(1, PROJECTION_CHUNK_ELEMENTS // vocab_size)
+        sub = _rows_per_chunk(vocab_size)
+        buffer = hidden.new_empty(min(step, tokens), vocab_size)
+        grad_hidden = hidden.new_empty(hidden.shape) if need_hidden else None
+        grad_weight = weight.new_empty(weight.shape) if need_weight else None
+        grad_bias = torch.zeros_like(bias) if need_bias else None
+        total = hidden.new_zeros(())
+        for start in range(0, tokens, step):
+            rows = slice(start, start + step)
+            h = hidden[rows]
+            z = buffer[: h.shape[0]]
+            if bias is None:
+                torch.mm(h, weight.t(), out=z)
+            else:
+                torch.addmm(bias, h, weight.t(), out=z)
+            for s in range(0, z.shape[0], sub):
+                zs = z[s : s + sub]
+                tokens_in = slice(start + s, start + s + zs.shape[0])
+                tgt, w = target[tokens_in], scale[tokens_in]
+                lse = torch.logsumexp(zs, dim=1)
+                loss = lse - zs.gather(1, tgt[:, None]).squeeze(1)  # −log p_y
+                if smoothing:
+                    loss = (1.0 - smoothing) * loss + smoothing * (lse - zs.mean(dim=1))
+                total += (loss * w.squeeze(1)).sum()
+                if need_grad:  # the chunk's gradient, in place of its logits
+                    probs = torch.softmax(zs, dim=1)
+                    probs.scatter_add_(1, tgt[:, None], torch.full_like(w, -(1.0 - smoothing)))
+                    torch.addcmul(w * (-smoothing / vocab_size), probs, w, out=zs)
+            if need_hidden:
+                torch.mm(z, weight, out=grad_hidden[rows])
+            if need_weight:  # the first chunk writes the weight's gradient, later ones add to it
+                torch.addmm(grad_weight, z.t(), h, beta=1 if start else 0, out=grad_weight)
+            if need_bias:
+                grad_bias += z.sum(dim=0)
+        ctx.save_for_backward(*(g for g in (grad_hidden, grad_weight, grad_bias) if g is not None))
+        ctx.present = (need_hidden, need_weight, need_bias)
+        return total
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_total: torch.Tensor):
+        saved = iter(ctx.saved_tensors)
+        grads = [next(saved) * grad_total if present else None for present in ctx.present]
+        return *grads, None, None
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+                         label_smoothing: float = 0.0) -> torch.Tensor:  # fmt: skip
+    """Hidden states (N, D), output weight (V, D), optional bias (V,) and labels (N,) -> the sum over the tokens
+    whose label is not `IGNORE_INDEX` of the label-smoothed loss (§5.4) of h Wᵀ + b: `token_cross_entropy(h Wᵀ + b,
+    labels, ε).sum()`, without the (N, V) logits or their gradient (`LinearCrossEntropy`)."""
+    _check_smoothing(label_smoothing)
+    shapes_fit = hidden.dim() == weight.dim() == 2 and hidden.shape[1] == weight.shape[1]
+    if not shapes_fit or labels.shape != hidden.shape[:1]:
+        raise ValueError(
+            f"Expected hidden (N, D), weight (V, D) and labels (N,), got {tuple(hidden.shape)}, "
+            f"{tuple(weight.shape)} and {tuple(labels.shape)}"
+        )
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ValueError(f"Expected bias ({weight.shape[0]},), got {tuple(bias.shape)}")
+    if not (hidden.dtype == weight.dtype == (weight.dtype if bias is None else bias.dtype)):
+        raise ValueError(f"hidden, weight and bias must share one dtype, got {hidden.dtype} and {weight.dtype}")
+    return LinearCrossEntropy.apply(hidden, weight, bias, labels, float(label_smoothing))

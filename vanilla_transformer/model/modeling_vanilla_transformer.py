@@ -21,7 +21,7 @@ from .attention import MultiHeadAttention
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .embeddings import InputRepresentation, SinusoidalPositionalEncoding
 from .input_checks import check_batch_size, check_mask, check_token_ids
-from .kernels import Linear, cross_entropy, packed_weights
+from .kernels import Linear, cross_entropy, fuses_output_loss, linear_cross_entropy, packed_weights
 from .layers import DecoderLayer, EncoderLayer
 from .loss import IGNORE_INDEX
 from .stacks import (
@@ -64,9 +64,38 @@ def seq2seq_cross_entropy(
     """
     flat_labels = labels.flatten().to(logits.device)  # (batch * tgt_len,)
     per_token = cross_entropy(logits.flatten(0, 1), flat_labels, label_smoothing)  # (batch * tgt_len,) fp32
+    return _token_mean(per_token.sum(), flat_labels, num_items_in_batch)
+
+
+def _token_mean(total: torch.Tensor, flat_labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None):
+    """The summed loss over the non-ignored tokens, divided by `num_items_in_batch` if given, else by their count."""
     if num_items_in_batch is not None:
-        return per_token.sum() / num_items_in_batch
-    return per_token.sum() / (flat_labels != IGNORE_INDEX).sum()
+        return total / num_items_in_batch
+    return total / (flat_labels != IGNORE_INDEX).sum()
+
+
+def seq2seq_linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
+    """`seq2seq_cross_entropy` of the logits `hidden @ weight.T + bias`, computed without them: the output projection
+    and the loss (label smoothing of §5.4) run together in row chunks (`kernels.linear_cross_entropy`).
+
+    Args:
+        hidden: (batch, tgt_len, d_model) decoder output.
+        weight: (vocab, d_model) output projection (`lm_head.weight`, tied to the embedding, §3.4).
+        bias: (vocab,) added to the logits (`final_logits_bias`), or None.
+        labels, num_items_in_batch, label_smoothing: as `seq2seq_cross_entropy`.
+    Returns:
+        The loss `seq2seq_cross_entropy` gives (a 0-d tensor).
+    """
+    flat_labels = labels.flatten().to(hidden.device)  # (batch * tgt_len,)
+    total = linear_cross_entropy(hidden.flatten(0, 1), weight, bias, flat_labels, label_smoothing)
+    return _token_mean(total, flat_labels, num_items_in_batch)
 
 
 class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
@@ -164,7 +193,14 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
     """The encoder-decoder with the pre-softmax projection `lm_head`, whose weight is the shared embedding matrix
     (§3.4), and the token-level cross-entropy loss. Label smoothing (§5.4) is the Trainer's
-    `label_smoothing_factor`."""
+    `label_smoothing_factor`.
+
+    `lm_head` stays a module (hooks, PEFT, `get_output_embeddings` and exporters see it), but in eager CPU fp32
+    training with `config.fused_output_loss` the loss is computed from `lm_head.weight` directly, chunk by chunk
+    (`seq2seq_linear_cross_entropy`), and `outputs.logits` is None. The trade: forward hooks on `lm_head` would be
+    bypassed there, so the path is only taken when it has none and is the plain `Linear` built here
+    (`kernels.fuses_output_loss`); evaluation, generation and every other case call `lm_head` and return logits.
+    """
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
@@ -243,7 +279,9 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         """As `VanillaTransformerModel.forward`, plus `labels` (batch, tgt_len) with `IGNORE_INDEX` (-100) for ignored
         positions:
         when given, the loss is returned and missing decoder inputs are the labels shifted right.
-        `label_smoothing` is ε of §5.4 (`TranslationTrainer` passes the Trainer's `label_smoothing_factor`)."""
+        `label_smoothing` is ε of §5.4 (`TranslationTrainer` passes the Trainer's `label_smoothing_factor`).
+        In training mode with `labels`, on the fused path (`config.fused_output_loss`, see the class docstring), the
+        loss comes without logits: `outputs.logits` is None."""
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         if labels is not None:
             check_token_ids("labels", labels, self.config.target_vocab_size, allow_ignore=True)
@@ -267,16 +305,28 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             return_dict=True,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)  # (batch, tgt_len, vocab)
-        if self.final_logits_bias is not None:
-            logits = logits + self.final_logits_bias.to(logits.dtype)
-        loss = None
-        if labels is not None:
-            if labels.shape != logits.shape[:2]:
-                raise ValueError(
-                    f"`labels` has shape {tuple(labels.shape)} but the decoder produced {tuple(logits.shape[:2])}."
-                )
-            loss = seq2seq_cross_entropy(logits, labels, num_items_in_batch, label_smoothing)
+        hidden = outputs.last_hidden_state  # (batch, tgt_len, d_model)
+        if labels is not None and labels.shape != hidden.shape[:2]:
+            raise ValueError(
+                f"`labels` has shape {tuple(labels.shape)} but the decoder produced {tuple(hidden.shape[:2])}."
+            )
+        logits = loss = None
+        if (
+            labels is not None
+            and self.training
+            and self.config.fused_output_loss
+            and fuses_output_loss(self.lm_head, hidden)
+        ):
+            bias = None if self.final_logits_bias is None else self.final_logits_bias[0].to(hidden.dtype)
+            loss = seq2seq_linear_cross_entropy(
+                hidden, self.lm_head.weight, bias, labels, num_items_in_batch, label_smoothing
+            )
+        else:
+            logits = self.lm_head(hidden)  # (batch, tgt_len, vocab)
+            if self.final_logits_bias is not None:
+                logits = logits + self.final_logits_bias.to(logits.dtype)
+            if labels is not None:
+                loss = seq2seq_cross_entropy(logits, labels, num_items_in_batch, label_smoothing)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -307,5 +357,6 @@ __all__ = [
     "VanillaTransformerModel",
     "VanillaTransformerPreTrainedModel",
     "seq2seq_cross_entropy",
+    "seq2seq_linear_cross_entropy",
     "shift_tokens_right",
 ]
