@@ -8,73 +8,24 @@ Flags are `--snake_case` like transformers', each also spelled `--kebab-case`; `
 
 from __future__ import annotations
 
-import argparse
 import functools
-import inspect
 import json
 import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from vanilla_transformer_ort.cli_common import (
-    HelpFormatter,
-    OneLineErrors,
     UserError,
-    add_common_flags,
     add_flag_alias,
-    format_epilog,
-    make_parser,
     one_line,
     run_cli,
 )
 
-from . import __version__
+from .cli_parsers import CONFIG_FILE, _hf_parser, _parser, check_model_folder
 from .progress import show_package_progress
 
 MODEL_CARD_TEMPLATE = Path(__file__).resolve().parents[1] / "model_card.md"  # at the root of a checkout
-CONFIG_FILE = "config.json"
-ONNX_ENCODER_FILE = "encoder_model.onnx"  # marks an ONNX export folder (vanilla_transformer_ort.contract)
-
-
-def _split_doc(command: Callable) -> tuple[str, str]:
-    """`command`'s docstring as (description, example): the example is the text under its `Example:` line, which
-    `--help` shows at the end."""
-    description, _, example = inspect.cleandoc(command.__doc__).partition("\n\nExample:\n")
-    return description, textwrap.dedent(example).strip("\n")
-
-
-def _parser(command: Callable, prog: str) -> argparse.ArgumentParser:
-    """An argument parser for `prog` from `command`'s docstring, with `--version`, `--debug`, one-line errors and
-    `--kebab-case` aliases of the `--snake_case` flags."""
-    return make_parser(prog, *_split_doc(command), __version__)
-
-
-def _hf_parser(dataclass_types: tuple | type, command: Callable, prog: str, debug: bool = True):
-    """A transformers `HfArgumentParser` (which already takes `--kebab-case` aliases) in the same style."""
-    from transformers import HfArgumentParser
-
-    description, example = _split_doc(command)
-    parser_class = type("HfCliParser", (OneLineErrors, HfArgumentParser), {})
-    parser = parser_class(
-        dataclass_types, prog=prog, description=description, epilog=format_epilog(example),
-        formatter_class=type("HfHelpFormatter", (HelpFormatter, argparse.ArgumentDefaultsHelpFormatter), {}),
-    )  # fmt: skip
-    add_common_flags(parser, __version__, debug=debug)
-    return parser
-
-
-def check_model_folder(path: str, flag: str = "--model") -> None:
-    """A user error when `path` is an existing folder that holds no saved model (an ONNX export, an empty folder);
-    a missing path is left to the loader, whose FileNotFoundError names it."""
-    folder = Path(path)
-    if not folder.is_dir():
-        return
-    if (folder / ONNX_ENCODER_FILE).is_file():
-        raise UserError(f"{flag} {path} is an ONNX export folder, not a model folder; use vt-translate-onnx on it")
-    if not (folder / CONFIG_FILE).is_file():
-        raise UserError(f"{flag} {path} is not a model folder (no {CONFIG_FILE}); pass the --output_dir of vt-train")
 
 
 def train_command(argv: list[str] | None = None) -> dict[str, Any]:
