@@ -48,6 +48,26 @@ def logsumexp_rows(logits: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def smoothed_loss(lse: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, smoothing: float) -> torch.Tensor:
+    """Rows of logits (n, V), their logsumexp (n,) and targets (n,) -> (n,) label-smoothed loss (§5.4) in lse's dtype:
+    (1 − ε) · (−log p_y) + ε · (mean over the vocabulary of −log p)."""
+    loss = lse - logits.gather(1, target[:, None]).squeeze(1).to(lse.dtype)  # −log p_y
+    if smoothing:
+        loss = (1.0 - smoothing) * loss + smoothing * (lse - logits.mean(dim=1, dtype=lse.dtype))
+    return loss
+
+
+def write_smoothed_gradient(
+    logits: torch.Tensor, target: torch.Tensor, scale: torch.Tensor, smoothing: float, out: torch.Tensor
+) -> None:
+    """The gradient of `smoothed_loss` for rows of logits (n, V), scale · (softmax − (1 − ε) · onehot − ε / V), into
+    `out` (n, V; may be `logits` itself): one fused softmax in scale's dtype, then one addcmul in out's dtype.
+    `scale` (n, 1) is the incoming gradient, 0 for ignored rows."""
+    probs = torch.softmax(logits, dim=1, dtype=scale.dtype)
+    probs.scatter_add_(1, target[:, None], torch.full_like(scale, -(1.0 - smoothing)))
+    torch.addcmul(scale * (-smoothing / logits.shape[1]), probs, scale, out=out)
+
+
 class SmoothedCrossEntropy(torch.autograd.Function):
     """Per-token loss (N,) from logits (N, V) and labels (N,); ignored labels (`IGNORE_INDEX`) give 0 and no
     gradient."""
@@ -57,9 +77,7 @@ class SmoothedCrossEntropy(torch.autograd.Function):
         valid = labels != IGNORE_INDEX
         target = torch.where(valid, labels, 0)
         lse = logsumexp_rows(logits)  # (N,) in compute_dtype
-        loss = lse - logits.gather(1, target[:, None]).squeeze(1).to(lse.dtype)  # −log p_y
-        if smoothing:
-            loss = (1.0 - smoothing) * loss + smoothing * (lse - logits.mean(dim=1, dtype=lse.dtype))
+        loss = smoothed_loss(lse, logits, target, smoothing)
         ctx.smoothing = smoothing
         ctx.save_for_backward(logits, lse, target, valid)
         return torch.where(valid, loss, 0.0)
@@ -67,18 +85,13 @@ class SmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
         logits, lse, target, valid = ctx.saved_tensors
-        smoothing, vocab_size = ctx.smoothing, logits.shape[1]
         scale = torch.where(valid, grad_loss.to(lse.dtype), 0.0)[:, None]  # (N, 1)
-        target_weight = torch.full_like(scale, -(1.0 - smoothing))  # (N, 1): the one-hot term before scaling
         grad = torch.empty_like(logits)
-        step = _rows_per_chunk(vocab_size)
+        step = _rows_per_chunk(logits.shape[1])
         for start in range(0, logits.shape[0], step):
             rows = slice(start, start + step)
-            # One fused kernel reads the chunk (16-bit or not) and writes its softmax in compute_dtype; the gradient,
-            # scale · (softmax − (1 − ε) · onehot − ε / V), is written in the logits' dtype by one addcmul.
-            probs = torch.softmax(logits[rows], dim=1, dtype=lse.dtype)
-            probs.scatter_add_(1, target[rows, None], target_weight[rows])
-            torch.addcmul(scale[rows] * (-smoothing / vocab_size), probs, scale[rows], out=grad[rows])
+            # read in the logits' dtype (16-bit or not), softmax in compute_dtype, written back in the logits' dtype
+            write_smoothed_gradient(logits[rows], target[rows], scale[rows], ctx.smoothing, grad[rows])
         return grad, None, None
 
 
@@ -138,15 +151,10 @@ class LinearCrossEntropy(torch.autograd.Function):
                 zs = z[s : s + sub]
                 tokens_in = slice(start + s, start + s + zs.shape[0])
                 tgt, w = target[tokens_in], scale[tokens_in]
-                lse = torch.logsumexp(zs, dim=1)
-                loss = lse - zs.gather(1, tgt[:, None]).squeeze(1)  # −log p_y
-                if smoothing:
-                    loss = (1.0 - smoothing) * loss + smoothing * (lse - zs.mean(dim=1))
+                loss = smoothed_loss(torch.logsumexp(zs, dim=1), zs, tgt, smoothing)
                 total += (loss * w.squeeze(1)).sum()
                 if need_grad:  # the chunk's gradient, in place of its logits
-                    probs = torch.softmax(zs, dim=1)
-                    probs.scatter_add_(1, tgt[:, None], torch.full_like(w, -(1.0 - smoothing)))
-                    torch.addcmul(w * (-smoothing / vocab_size), probs, w, out=zs)
+                    write_smoothed_gradient(zs, tgt, w, smoothing, out=zs)
             if need_hidden:
                 torch.mm(z, weight, out=grad_hidden[rows])
             if need_weight:  # the first chunk writes the weight's gradient, later ones add to it
