@@ -185,6 +185,32 @@ def test_defaults_come_from_generation_config(model, batch, tmp_path):
     np.testing.assert_array_equal(actual, expected)
 
 
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_default_length_is_transformers_default(model, translator, batch, num_beams):
+    """With neither max_length nor max_new_tokens set anywhere, `generate()` makes 20 new tokens at most, capped by the
+    model's max_position_embeddings (12 here, so 11 after the start token); no EOS may end a row before that."""
+    assert "max_length" not in json.loads((trained_export_dir() / "generation_config.json").read_text())
+    expected = _generate(model, batch, num_beams=num_beams, min_new_tokens=11)
+    actual = translator.generate(batch[0].numpy(), batch[1].numpy(), num_beams=num_beams, min_new_tokens=11)
+    assert expected.shape[1] == 12
+    np.testing.assert_array_equal(actual, expected)
+
+
+@pytest.mark.parametrize(
+    ("generation", "max_position_embeddings", "max_new_tokens"),
+    [({}, 12, 11), ({}, 1024, 20), ({}, None, 20), ({"max_length": 9}, 1024, 8), ({"max_new_tokens": 7}, 12, 7)],
+)
+def test_settings_resolve_the_length_as_transformers(tmp_path, generation, max_position_embeddings, max_new_tokens):
+    from vanilla_transformer_ort import settings_from_folder
+
+    config = {"decoder_start_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+    if max_position_embeddings is not None:
+        config["max_position_embeddings"] = max_position_embeddings
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "generation_config.json").write_text(json.dumps(generation))
+    assert settings_from_folder(tmp_path).max_new_tokens == max_new_tokens
+
+
 def test_translate_text_matches_pytorch(model, translator):
     tokenizer = build_tokenizer()
     encoded = tokenizer(SENTENCES, return_tensors="pt", padding=True)

@@ -58,6 +58,12 @@ UNSUPPORTED_GENERATION = {
 }
 
 
+# What `generate()` produces when neither max_new_tokens nor max_length is set anywhere (transformers'
+# `_prepare_generated_length`: the default max_length of 20 plus the decoder start token, capped at the model's
+# max_position_embeddings).
+DEFAULT_MAX_NEW_TOKENS = 20
+
+
 def settings_from_folder(folder: Path) -> GenerationSettings:
     """Generation defaults from `generation_config.json` and `config.json`, as transformers resolves them."""
     config = json.loads((folder / CONFIG_FILE).read_text())
@@ -84,7 +90,12 @@ def settings_from_folder(folder: Path) -> GenerationSettings:
     start = pick("decoder_start_token_id", pick("bos_token_id"))
     if start is None:
         raise ValueError(f"{folder}: no decoder_start_token_id in config.json or generation_config.json")
-    max_new = generation.get("max_new_tokens") or generation.get("max_length", 20) - 1
+    if generation.get("max_new_tokens"):
+        max_new = generation["max_new_tokens"]
+    elif generation.get("max_length") is not None:
+        max_new = generation["max_length"] - 1  # the decoder start token counts towards max_length
+    else:  # transformers' default: 20 new tokens, at most as many positions as the model has
+        max_new = min(DEFAULT_MAX_NEW_TOKENS + 1, config.get("max_position_embeddings") or 10**9) - 1
     min_new = generation.get("min_new_tokens") or max(generation.get("min_length", 0) - 1, 0)
     return GenerationSettings(
         decoder_start_token_id=start,
