@@ -361,6 +361,10 @@ def prepare_artifacts(workdir: Path = DEFAULT_WORKDIR, with_onnx: bool = True, l
                 _, times[f"onnx-{quantization}"] = timed(
                     lambda q=quantization, o=out: export_onnx(paths["vanilla"], o, q)
                 )
+            else:  # the weightless ranking graph as this exporter writes it (a cached folder may predate it)
+                from vanilla_transformer.export.onnx_helper_graphs import write_beam_scores_graph
+
+                write_beam_scores_graph(out)
     times_file.write_text(json.dumps(times, indent=2))
     return paths
 

@@ -66,12 +66,13 @@ def _copy_batch(generator: torch.Generator, batch: int) -> tuple[torch.Tensor, t
     return input_ids, (input_ids != 0).long(), labels
 
 
-def train_copy_model(steps: int = 120, seed: int = 0) -> VanillaTransformerForConditionalGeneration:
+def train_copy_model(steps: int = 120, seed: int = 0, **overrides) -> VanillaTransformerForConditionalGeneration:
     """Adam steps (short warmup) on copying. The shared fixture's 120 steps leave the copy loss near chance (3.07
     against 3.6 on the AMD EPYC development machine, torch 2.13): outputs of varied lengths, small logits, which the
-    export tolerances were set on. 500 steps give a model that copies (loss 0.15, about 12 s on 2 cores)."""
+    export tolerances were set on. 500 steps give a model that copies (loss 0.15, about 12 s on 2 cores).
+    `overrides` change config fields (a larger `vocab_size` leaves tokens that the copy data never uses)."""
     torch.manual_seed(seed)
-    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig(**CONFIG))
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig(**{**CONFIG, **overrides}))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 10))
     generator = torch.Generator().manual_seed(seed)

@@ -21,7 +21,11 @@ from tests.onnx_helpers import (
     trained_model_dir,
 )
 from vanilla_transformer.export.onnx_export import export_model
-from vanilla_transformer.export.onnx_helper_graphs import write_beam_scores_graph
+from vanilla_transformer.export.onnx_helper_graphs import (
+    beam_scores_block_size,
+    beam_scores_model,
+    write_beam_scores_graph,
+)
 from vanilla_transformer.export.onnx_validation import FP32_TOLERANCE, GridCase, validate_export, validation_grid
 from vanilla_transformer_ort.contract import (
     BEAM_SCORES_FILE,
@@ -205,6 +209,65 @@ def test_beam_scores_graph_ranks_like_transformers(export_dir, first_step):
     assert values.dtype == np.float32 and indices.dtype == np.int64
     vocab = logits.shape[-1]
     assert not np.isin(indices % vocab, [2, 11]).any()
+
+
+def _scores_session(vocab, block_size, logits_type=onnx.TensorProto.FLOAT, opset=20):
+    model = beam_scores_model(logits_type, vocab, [onnx.helper.make_opsetid("", opset)], 9, block_size=block_size)
+    onnx.checker.check_model(model)
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("opset", [17, 20])  # ReduceMax's axes: an attribute before opset 18, an input from it
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("first_step", [False, True])
+def test_two_stage_beam_scores_equal_one_stage_to_the_bit(first_step, dtype, opset):
+    """The block-maximum top k against the single TopK over every candidate: the same values to the bit and the same
+    indices, on logits full of exact ties (rounded values, repeated rows and beams), banned tokens, and at the first
+    step (one live beam per sentence); and both against a float64 numpy ranking."""
+    vocab, block, batch, beams, k = 96, 16, 5, 4, 8
+    one_stage = _scores_session(vocab, None, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), opset)
+    two_stage = _scores_session(vocab, block, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), opset)
+    rng = np.random.default_rng(0)
+    for trial in range(40):
+        scale = (0.5, 2.0, 8.0)[trial % 3]
+        logits = np.round(rng.standard_normal((batch * beams, 2, vocab)) * scale).astype(dtype)
+        logits[1] = logits[0]  # equal beams
+        running = np.round(rng.standard_normal((batch * beams, 1)) * scale).astype(np.float32)
+        running[1] = running[0]
+        if first_step:
+            running = np.where(np.arange(batch * beams)[:, None] % beams == 0, 0.0, -1e9).astype(np.float32)
+        bias = np.zeros(vocab, dtype=np.float32)
+        bias[[2, 17, 40]] = -np.inf
+        feed = {"logits": logits, "running_scores": running, "bias": bias}
+        feed |= {"scores_shape": np.array([batch, -1], dtype=np.int64), "k": np.array([k], dtype=np.int64)}
+        expected_values, expected_indices = one_stage.run(None, feed)
+        values, indices = two_stage.run(None, feed)
+        np.testing.assert_array_equal(indices, expected_indices)
+        np.testing.assert_array_equal(values, expected_values)  # to the bit
+        reference_values, reference_indices = _rank_like_transformers(logits, running, bias, batch=batch, k=k)
+        np.testing.assert_allclose(values, reference_values, rtol=0, atol=1e-5)
+        assert not np.isin(indices % vocab, [2, 17, 40]).any()
+
+
+def test_beam_scores_block_size_is_a_divisor_near_64():
+    assert beam_scores_block_size(8000) == 64 and beam_scores_block_size(32000) == 64
+    assert beam_scores_block_size(58101) == 107  # OPUS-MT en-de's vocabulary: 3 x 107 x 181
+    assert beam_scores_block_size(100) == 25 and beam_scores_block_size(37) is None  # 37 is prime
+    assert beam_scores_block_size(None) is None
+    with pytest.raises(ValueError, match="must divide"):
+        beam_scores_model(onnx.TensorProto.FLOAT, 100, [onnx.helper.make_opsetid("", 20)], 9, block_size=30)
+
+
+def test_beam_scores_graph_takes_two_stages_where_the_vocabulary_allows(export_dir, tmp_path):
+    """The exported graph: one TopK for the fixture's vocabulary of 37 (prime), two stages for 8,000."""
+    ops = {n.op_type for n in onnx.load(str(export_dir / BEAM_SCORES_FILE)).graph.node}
+    assert "ReduceMax" not in ops
+    decoder = onnx.load(str(export_dir / DECODER_FILE), load_external_data=False)
+    decoder.graph.output[0].type.tensor_type.shape.dim[-1].dim_value = 8000
+    onnx.save(decoder, str(tmp_path / DECODER_FILE))
+    graph = onnx.load(str(write_beam_scores_graph(tmp_path))).graph
+    assert "ReduceMax" in {n.op_type for n in graph.node}
+    assert graph.input[0].type.tensor_type.shape.dim[-1].dim_value == 8000
 
 
 def test_export_folder_is_self_contained(export_dir):

@@ -13,7 +13,13 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from tests.onnx_helpers import SENTENCES, build_tokenizer, load_trained_model, trained_export_dir
+from tests.onnx_helpers import (
+    SENTENCES,
+    build_tokenizer,
+    load_trained_model,
+    train_copy_model,
+    trained_export_dir,
+)
 from vanilla_transformer_ort import OrtTranslator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,6 +163,29 @@ def test_beam4_without_the_scores_graph_is_token_identical(model, batch, tmp_pat
     expected = _generate(model, batch, num_beams=4, **options)
     actual = numpy_ranked.generate(batch[0].numpy(), batch[1].numpy(), num_beams=4, **options)
     np.testing.assert_array_equal(actual, expected)
+
+
+def test_beam4_with_the_two_stage_ranking_is_token_identical(batch, tmp_path):
+    """A model of 40 tokens, whose `beam_scores.onnx` takes its top k from the best of 4 blocks of 10 candidates a
+    row (`write_beam_scores_graph(block_size=10)`), decodes as `generate()` does with either decoder."""
+    import onnx
+
+    from vanilla_transformer.export.onnx_export import export_model
+    from vanilla_transformer.export.onnx_helper_graphs import write_beam_scores_graph
+
+    model = train_copy_model(vocab_size=40)
+    model.save_pretrained(tmp_path / "model")
+    build_tokenizer().save_pretrained(tmp_path / "model")
+    folder = tmp_path / "export"
+    export_model(tmp_path / "model", folder)
+    write_beam_scores_graph(folder, block_size=10)
+    assert "ReduceMax" in {n.op_type for n in onnx.load(str(folder / "beam_scores.onnx")).graph.node}
+    for decoder_cache in ("inplace", "copy"):
+        translator = OrtTranslator(folder, provider="cpu", decoder_cache=decoder_cache)
+        for options in ({}, {"max_new_tokens": 5, "forced_eos_token_id": 2}, {"min_new_tokens": 4}):
+            expected = _generate(model, batch, num_beams=4, **options)
+            actual = translator.generate(batch[0].numpy(), batch[1].numpy(), num_beams=4, **options)
+            np.testing.assert_array_equal(actual, expected)
 
 
 @pytest.mark.parametrize("helper_graphs", [("cache_reorder.onnx", "beam_scores.onnx"), ()])
