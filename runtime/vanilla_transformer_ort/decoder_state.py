@@ -301,10 +301,18 @@ class InPlaceState(CacheState):
             buffer[changed, :, :length] = buffer[sources, :, :length]  # the right side is gathered first
 
     def keep_rows(self, rows: np.ndarray) -> None:
-        """Only `rows` (whole sentences: all beams of a source) stay; the buffers, cross K/V and mask shrink."""
-        self.buffers = {name: np.ascontiguousarray(buffer[rows]) for name, buffer in self.buffers.items()}
+        """Only `rows` (whole sentences: all beams of a source) stay. Each buffer is compacted in place: the decoded
+        positions of the kept rows move to its front, and its first rows (a contiguous view) become the cache; the
+        cross K/V and the mask are compacted the same way. Nothing is allocated and only what is read is copied.
+        """
+        kept, length = rows.shape[0], self.length
+        for name, buffer in self.buffers.items():
+            buffer[:kept, :, :length] = buffer[rows, :, :length]  # the right side is gathered first
+            self.buffers[name] = buffer[:kept]  # (kept, heads, capacity, d_head), contiguous
         sources = rows[:: self.num_beams] // self.num_beams
-        self.cross = {name: value[sources] for name, value in self.cross.items()}
+        for name, value in self.cross.items():
+            value[: sources.shape[0]] = value[sources]
+            self.cross[name] = value[: sources.shape[0]]
         self.mask = self.mask[sources]
         self._bind_sources()
         self._bind_cache()
