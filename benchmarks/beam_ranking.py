@@ -165,9 +165,9 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"| {row['shape']} | {row['system']} | {row['median']:.2f} | {row['min']:.2f} |")
 
     def one_and_two_stage(translator, threads):
-        vocab = translator.config["vocab_size"]
         from vanilla_transformer.export.onnx_helper_graphs import beam_scores_block_size
 
+        vocab = translator.config["vocab_size"]
         block = beam_scores_block_size(vocab)
         if block is None:
             raise SystemExit(f"vocabulary {vocab} has no block size: nothing to compare")
