@@ -45,11 +45,13 @@ def _scores_model(vocab: int, block_size: int | None):
 def _session(model: bytes | Path, threads: int):
     from vanilla_transformer_ort.sessions import create_session, session_options
 
-    path = model
-    if isinstance(model, bytes):
-        path = Path(tempfile.mkdtemp()) / "beam_scores.onnx"
+    options = session_options(threads, shared_cpu_arena=True)
+    if isinstance(model, Path):
+        return create_session(model, options, ["CPUExecutionProvider"])
+    with tempfile.TemporaryDirectory() as folder:  # the session holds the graph once created
+        path = Path(folder) / "beam_scores.onnx"
         path.write_bytes(model)
-    return create_session(path, session_options(threads, shared_cpu_arena=True), ["CPUExecutionProvider"])
+        return create_session(path, options, ["CPUExecutionProvider"])
 
 
 def graph_alone(block_sizes: list[int], rounds: int, calls: int = 50) -> list[dict]:
