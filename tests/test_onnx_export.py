@@ -413,6 +413,75 @@ def test_int8_activations_per_row_do_not_depend_on_the_batch(export_dir, tmp_pat
         assert max(differences) > 0.0
 
 
+def _row_quantized_linear(x: np.ndarray, weight: np.ndarray, weight_scale, weight_zero_point, bias, levels: int):
+    """The per-row int8 product as documented (export/README.md, "int8 and fp16"), in numpy: scale max|x_row| / 127
+    and zero point 128 (levels=127), or max(x_row) / 255 and zero point 0 for a ReLU's output (levels=255)."""
+    scale = np.maximum(np.abs(x).max(axis=-1, keepdims=True) / np.float32(levels), np.finfo(np.float32).tiny)
+    q = np.clip(np.rint(x / scale), -127 if levels == 127 else 0, levels).astype(np.int64)  # rint: half to even
+    product = q @ (weight.astype(np.int64) - weight_zero_point)
+    return (product.astype(np.float32) * (scale * np.float32(weight_scale)) + bias).astype(np.float32)
+
+
+def test_int8_rows_follow_the_documented_arithmetic(tmp_path):
+    """A linear layer, ReLU and another linear layer quantized per row, run by onnxruntime with every fusion on, equal
+    the formula computed in numpy: the signed rows (scale max|x| / 127, zero point 128), the ReLU's rows (all 256
+    levels on [0, max]), the biases (onnxruntime 1.32 fused them wrongly into MatMulIntegerToFloat with per-row
+    scales) and a row of zeros; and each row's result is the same alone."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from vanilla_transformer.export.onnx_variants import quantize_activations_per_row, quantize_int8
+
+    rng = np.random.default_rng(0)
+    d_in, d_ff = 24, 40
+    weights = {
+        "w1": rng.standard_normal((d_in, d_ff)).astype(np.float32) * 0.2,
+        "b1": rng.standard_normal(d_ff).astype(np.float32),
+        "w2": rng.standard_normal((d_ff, d_in)).astype(np.float32) * 0.2,
+        "b2": rng.standard_normal(d_in).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h1"]),
+        helper.make_node("Add", ["h1", "b1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["y1"]),
+        helper.make_node("Add", ["y1", "b2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ffn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "length", d_in])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "length", d_in])],
+        [numpy_helper.from_array(value, name) for name, value in weights.items()],
+    )
+    path = tmp_path / "ffn.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(path))
+    quantize_int8(path)
+    assert quantize_activations_per_row(path) == 2
+    model = onnx.load(str(path))
+    assert next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) == 21
+    assert [n.op_type for n in model.graph.node].count("QuantizeLinear") == 2
+    assert not any(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node)
+
+    stored = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    quantized = {name: [stored[f"{name}_quantized"], stored[f"{name}_scale"], stored[f"{name}_zero_point"]]
+                 for name in ("w1", "w2")}  # fmt: skip
+    x = (rng.standard_normal((3, 5, d_in)) + 0.3).astype(np.float32)
+    x[1, 2] = 0.0  # a row of zeros: the floored scale, q = zero point
+    x[2, 0] *= 1000.0  # a row with a far larger range than the others
+    hidden = _row_quantized_linear(x, *quantized["w1"], weights["b1"], 127)
+    expected = _row_quantized_linear(np.maximum(hidden, 0), *quantized["w2"], weights["b2"], 255)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])  # every fusion on
+    together = session.run(None, {"x": x})[0]
+    # The fused kernel multiplies by the two scales in another order: a hidden value within an ulp of a rounding
+    # boundary may take the next level, so each output may be off by one level of one ReLU input (the large row does)
+    weight, weight_scale = quantized["w2"][0], quantized["w2"][1]
+    one_level = np.maximum(hidden, 0).max(axis=-1, keepdims=True) / 255 * weight_scale * np.abs(weight).max()
+    assert np.all(np.abs(together - expected) <= 1.01 * one_level + 1e-5)
+    assert np.mean(np.abs(together - expected) <= 1e-5) > 0.9  # and almost all of them exactly
+    alone = np.stack([session.run(None, {"x": x[b : b + 1]})[0][0] for b in range(3)])
+    np.testing.assert_array_equal(alone, together)
+
+
 def test_untie_output_projection_replaces_the_transposed_table(tmp_path):
     """At base size the exporter keeps `MatMul(h, Transpose(table))` (too large to fold): untying must give the
     MatMul a pre-transposed copy and drop the Transpose, with unchanged outputs."""

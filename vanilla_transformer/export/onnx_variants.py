@@ -109,88 +109,144 @@ def quantize_int8(path: Path, contrib_ops: bool = False) -> None:
             extra.unlink()
 
 
-def _weight_column_sums(graph, matmul) -> np.ndarray:
-    """Column sums of a `MatMulInteger`'s dequantized int8 weight: (N,) float32, scale x (sum_k w - K x zero point)."""
-    from onnx import numpy_helper
+QUANTIZE_LINEAR_BLOCKED_OPSET = 21  # QuantizeLinear's `block_size` (one scale per block of a row)
 
-    initializers = {init.name: init for init in graph.initializer}
-    weight = numpy_helper.to_array(initializers[matmul.input[1]]).astype(np.int64)  # (K, N)
-    zero_point = numpy_helper.to_array(initializers[matmul.input[3]]).astype(np.int64) if len(matmul.input) > 3 else 0
-    scale = numpy_helper.to_array(initializers[matmul.input[1].removesuffix("_quantized") + "_scale"])
-    return (scale.astype(np.float64) * (weight - zero_point).sum(axis=0)).astype(np.float32)
+
+def _set_default_opset(model, version: int) -> None:
+    """Raise the default-domain opset to at least `version` (opset 21 only widened the types of the operators this
+    package's graphs use, and gave QuantizeLinear and DequantizeLinear blocks); IR version 10 goes with it."""
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx") and opset.version < version:
+            opset.version = version
+    model.ir_version = max(model.ir_version, 10)
+
+
+def _keep_bias_out_of_the_fused_product(matmul, consumers: dict, initializers: dict, negated: dict) -> None:
+    """Subtract the negated bias after a quantized product (MatMulInteger -> Cast -> Mul(scales) -> Add(bias)).
+
+    onnxruntime fuses that chain into `MatMulIntegerToFloat` and takes a constant `Add` in as the kernel's bias; with
+    a scale per row of A, 1.32's kernel then adds a wrong multiple of the bias to each row (measured; unfused, the
+    same graph is right). `Sub(product, -bias)` is the same sum, exactly, and stays a node of its own; the product
+    and its scales are still fused. `negated` collects the new initializers (name -> array).
+    """
+    from onnx import helper, numpy_helper
+
+    for cast in consumers.get(matmul.output[0], []):
+        for scaled in consumers.get(cast.output[0], []) if cast.op_type == "Cast" else []:
+            for add in consumers.get(scaled.output[0], []) if scaled.op_type == "Mul" else []:
+                if add.op_type != "Add" or scaled.output[0] not in add.input:
+                    continue
+                bias = next((name for name in add.input if name != scaled.output[0]), None)
+                if bias not in initializers:
+                    continue
+                name = f"{bias}.negated"
+                negated[name] = -numpy_helper.to_array(initializers[bias])
+                sub = helper.make_node("Sub", [scaled.output[0], name], list(add.output), name=f"{add.output[0]}.bias")
+                add.CopyFrom(sub)
 
 
 def quantize_activations_per_row(path: Path) -> int:
-    """Quantize every dynamically quantized activation with a range per row (token) instead of one per tensor.
+    """Quantize every dynamically quantized activation with a scale per row (token) instead of one per tensor.
 
     `quantize_dynamic` quantizes a MatMul's input with `DynamicQuantizeLinear`: one scale and zero point for the
     whole tensor, so a row's result depends on the other rows of the batch (the range follows their values). Batched
     across requests, the same text could then get another translation. Each `DynamicQuantizeLinear` is replaced here
-    by a per-row quantization, as CTranslate2 quantizes its int8 inputs row by row:
+    by a quantization per row, symmetric as CTranslate2 quantizes its int8 inputs row by row:
 
-        scale = (max(x_row) - min(x_row)) / 254,  q = round((x - min(x_row)) / scale)  in [0, 254]
+        scale = max(|x_row|) / 127,  q = round(x / scale) + 128  in [1, 255], zero point 128
 
-    onnxruntime's `MatMulInteger` takes one zero point per tensor, so the row's offset is not a zero point (q is
-    taken with zero point 0): the product of the shifted rows, (x - min) W, gets min * colsum(W) added back, with
-    colsum(W) of the dequantized weight computed at export. Like `DynamicQuantizeLinear`'s asymmetric range, this
-    spends all levels on the row's own range (ReLU outputs included). The scale has shape (..., rows, 1) and
-    broadcasts where the graph multiplies it by the weight's scale (onnxruntime still fuses that into
-    `MatMulIntegerToFloat`). 11 operators replace each quantizer (9) and follow each product (2); returns the
-    number of quantizations replaced.
+    and, where the input is a ReLU's output (never negative), all 256 levels on the row's range:
+    scale = max(x_row) / 255, q = round(x / scale), zero point 0. The zero point is the same for every row, so it is
+    `MatMulInteger`'s one per-tensor zero point and the product needs no correction; the quantization itself is one
+    `QuantizeLinear` with a block the length of the row (opset 21, which the graph is raised to). The scale has shape
+    (..., rows, 1) and broadcasts where the graph multiplies it by the weight's scale (onnxruntime still fuses that
+    into `MatMulIntegerToFloat`). 7 operators replace each quantizer (6 after a ReLU), and the product's bias is
+    subtracted negated (`_keep_bias_out_of_the_fused_product`); returns how many quantizers were replaced.
+
+    An earlier formulation (scale (max - min) / 254 per row, q = round((x - min) / scale), min x colsum(W) added
+    back after the product) ran 11 operators, two of them over the product's (rows, N) output; the A/B is in
+    benchmarks/README.md (item 20).
     """
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     model = onnx.load(str(path))
     graph = model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
     consumers: dict[str, list] = {}
     for node in graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
+    tiny = np.finfo(np.float32).tiny  # a row of zeros: scale tiny > 0, q = zero point
     constants = {
         "row_quant.axes": np.array([-1], np.int64),
-        "row_quant.levels": np.array(254.0, np.float32),
-        "row_quant.tiny": np.array(np.finfo(np.float32).tiny, np.float32),  # a constant row: scale > 0, q = 0
-        "row_quant.zero_point": np.array(0, np.uint8),
+        "row_quant.signed_levels": np.array(127.0, np.float32),
+        "row_quant.signed_floor": np.array(127.0 * tiny, np.float32),
+        "row_quant.signed_zero_point": np.array(128, np.uint8),
+        "row_quant.unsigned_levels": np.array(255.0, np.float32),
+        "row_quant.unsigned_floor": np.array(255.0 * tiny, np.float32),
+        "row_quant.unsigned_zero_point": np.array(0, np.uint8),
     }
-    before, after, replaced = {}, {}, 0  # nodes to insert in place of a quantizer / after a product's scaling
+    replacements, negated_biases, replaced = {}, {}, 0  # nodes to insert in place of a quantizer; biases
     for node in graph.node:
         if node.op_type != "DynamicQuantizeLinear":
             continue
         replaced += 1
         (x,), (q, scale, zero_point), p = node.input, node.output, f"row_quant{replaced}"
-        before[id(node)] = [
-            helper.make_node("ReduceMax", [x, "row_quant.axes"], [f"{p}.max"], keepdims=1),  # (..., rows, 1)
-            helper.make_node("ReduceMin", [x, "row_quant.axes"], [f"{p}.min"], keepdims=1),
-            helper.make_node("Sub", [f"{p}.max", f"{p}.min"], [f"{p}.range"]),
-            helper.make_node("Div", [f"{p}.range", "row_quant.levels"], [f"{p}.scale"]),
-            helper.make_node("Max", [f"{p}.scale", "row_quant.tiny"], [scale]),
-            helper.make_node("Sub", [x, f"{p}.min"], [f"{p}.shifted"]),
-            helper.make_node("Div", [f"{p}.shifted", scale], [f"{p}.scaled"]),
-            helper.make_node("Round", [f"{p}.scaled"], [f"{p}.rounded"]),  # half to even, as DynamicQuantizeLinear
-            helper.make_node("Cast", [f"{p}.rounded"], [q], to=TensorProto.UINT8),
-        ]
-        for matmul in consumers[q]:  # MatMulInteger -> Cast -> Mul(scale product): the product's float value
-            if matmul.input[2] != zero_point:
-                raise ValueError(f"{path}: {matmul.name} does not take the quantizer's zero point; not rewritten")
-            matmul.input[2] = "row_quant.zero_point"
-            (cast,) = consumers[matmul.output[0]]
-            (scaled,) = consumers[cast.output[0]]
-            sums = f"{p}.{matmul.name}.weight_column_sums"
-            constants[sums] = _weight_column_sums(graph, matmul)
-            product = scaled.output[0]
-            scaled.output[0] = f"{product}.shifted"
-            after[id(scaled)] = [
-                helper.make_node("Mul", [f"{p}.min", sums], [f"{p}.{matmul.name}.offset"]),  # min x colsum(W)
-                helper.make_node("Add", [f"{product}.shifted", f"{p}.{matmul.name}.offset"], [product]),
+        matmuls = consumers.get(q, [])
+        if any(m.op_type != "MatMulInteger" or m.input[2] != zero_point for m in matmuls):
+            raise ValueError(f"{path}: {node.name} does not feed MatMulInteger with its zero point; not rewritten")
+        widths = {int(numpy_helper.to_array(initializers[m.input[1]]).shape[0]) for m in matmuls}  # weights (K, N)
+        if len(widths) != 1:
+            raise ValueError(f"{path}: {node.name} feeds weights of widths {sorted(widths)}; not rewritten")
+        unsigned = x in producers and producers[x].op_type == "Relu"
+        kind = "unsigned" if unsigned else "signed"
+        if unsigned:  # x >= 0: max(x_row), floored at 255 * tiny
+            nodes = [
+                helper.make_node("ReduceMax", [x, "row_quant.axes"], [f"{p}.max"], keepdims=1),  # (..., rows, 1)
+                helper.make_node("Max", [f"{p}.max", f"row_quant.{kind}_floor"], [f"{p}.range"]),
             ]
+        else:  # max(|x_row|), floored at 127 * tiny
+            nodes = [
+                helper.make_node("Abs", [x], [f"{p}.abs"]),
+                helper.make_node(
+                    "ReduceMax", [f"{p}.abs", "row_quant.axes"], [f"{p}.max"], keepdims=1
+                ),  # (..., rows, 1)
+                helper.make_node("Max", [f"{p}.max", f"row_quant.{kind}_floor"], [f"{p}.range"]),
+            ]
+        zero_point_value = int(constants[f"row_quant.{kind}_zero_point"])
+        nodes += [
+            helper.make_node("Div", [f"{p}.range", f"row_quant.{kind}_levels"], [scale]),
+            helper.make_node("Shape", [scale], [f"{p}.scale_shape"]),
+            helper.make_node(  # QuantizeLinear's zero point has the scale's shape: one (equal) value per row
+                "ConstantOfShape",
+                [f"{p}.scale_shape"],
+                [f"{p}.zero_points"],
+                value=helper.make_tensor("value", TensorProto.UINT8, [1], [zero_point_value]),
+            ),
+            helper.make_node(  # round half to even, then the zero point, saturated to [0, 255]
+                "QuantizeLinear", [x, scale, f"{p}.zero_points"], [q], axis=-1, block_size=widths.pop()
+            ),
+        ]
+        replacements[id(node)] = nodes
+        for matmul in matmuls:
+            matmul.input[2] = f"row_quant.{kind}_zero_point"
+            _keep_bias_out_of_the_fused_product(matmul, consumers, initializers, negated_biases)
     if replaced:
         nodes = []
         for node in graph.node:
-            nodes += before.get(id(node), [node]) + after.get(id(node), [])
+            nodes += replacements.get(id(node), [node])
         del graph.node[:]
         graph.node.extend(nodes)
+        used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+        orphaned = [init for init in graph.initializer if f"{init.name}.negated" in negated_biases]
+        for init in orphaned:  # a bias now read only as its negation
+            if init.name not in used:
+                graph.initializer.remove(init)
+        constants = {name: value for name, value in {**constants, **negated_biases}.items() if name in used}
         graph.initializer.extend(numpy_helper.from_array(value, name) for name, value in constants.items())
+        _set_default_opset(model, QUANTIZE_LINEAR_BLOCKED_OPSET)
         onnx.save(model, str(path))
     return replaced
 
