@@ -7,8 +7,9 @@
 The sources are the English side of the held-out gettext test split (`--texts`); batches are drawn from a fixed
 shuffle, as a serving batch mixes unrelated requests. Prints how many of the translations differ, with examples, and
 the two timings; `--no_pruning` keeps finished sentences in the decoder's batch (the search before pruning), for
-the A/B of that change. fp32 graphs compute each row from that row alone; dynamic int8 graphs quantize activations
-with one scale per tensor, taken over the whole batch. Not a timed test.
+the A/B of that change. fp32 graphs compute each row from that row alone, and so do int8 graphs exported with one
+activation scale per row (the default); with `--int8_activations tensor` one scale is taken over the whole batch.
+Not a timed test.
 """
 
 from __future__ import annotations

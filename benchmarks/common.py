@@ -430,6 +430,14 @@ def int8_per_tensor_export(paths: dict[str, Path]) -> Path:
     return folder
 
 
+def int8_offset_rows_export(paths: dict[str, Path]) -> Path:
+    """The int8 export with the previous per-row formulation (benchmarks/int8_offset_rows.py), beside the others;
+    made once from the per-tensor export, for the A/B of the current per-row quantization."""
+    from benchmarks.int8_offset_rows import offset_rows_export
+
+    return offset_rows_export(int8_per_tensor_export(paths), paths["onnx-int8"].parent / "onnx-int8-offset-rows")
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Peak memory of a fresh process
 

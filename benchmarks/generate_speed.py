@@ -160,9 +160,11 @@ def load_systems(paths: dict[str, Path], threads: int, only: list[str] | None = 
         loaders["vanilla ORT int8 copy"] = lambda: ort_generate(paths["onnx-int8"], threads, "copy")
         # the A/B of per-row activation quantization: one range per tensor
         loaders["vanilla ORT int8 per-tensor"] = lambda: ort_generate(common.int8_per_tensor_export(paths), threads)
+        # the A/B of the per-row formulation: the previous one (asymmetric rows, offset added after each product)
+        loaders["vanilla ORT int8 offset rows"] = lambda: ort_generate(common.int8_offset_rows_export(paths), threads)
     # attention-backend and decoder-cache comparisons, on request
     optional = ("vanilla PyTorch eager-attn", "Marian eager-attn", "vanilla ORT fp32 copy", "vanilla ORT int8 copy",
-                "vanilla ORT int8 per-tensor")  # fmt: skip
+                "vanilla ORT int8 per-tensor", "vanilla ORT int8 offset rows")  # fmt: skip
     names = [n for n in loaders if (n in only if only is not None else n not in optional) or n == REFERENCE]
     return {name: loaders[name]() for name in names}
 
