@@ -319,7 +319,7 @@ def test_fp32_folder_stores_the_shared_embedding_once(export_dir):
         if graph_file == INPLACE_DECODER_FILE:
             assert [t.name for t in tables] == names  # one table: the lookup's, also the projection's
             consumers = sorted(n.op_type for n in graph.node if names[0] in n.input)
-            assert consumers == ["Gather", "Gemm"]
+            assert consumers == ["FusedMatMul", "Gather"]
 
 
 def _variant(tmp_path: Path, dtype: str, quantize: str | None, activations: str = "row") -> Path:

@@ -45,7 +45,7 @@ def store_weights_externally(output_dir: str | Path, table: np.ndarray) -> dict[
     initializers that now read the shared embedding `table` (vocab, d_model) from `SHARED_EMBEDDING_FILE`.
 
     An initializer shares the file when it holds exactly `table` (same shape and values); the output projection of
-    the in-place decoder reads the same initializer (a `Gemm` with transB), so it has no copy of its own.
+    the in-place decoder reads the same initializer (a `FusedMatMul` with transB), so it has no copy of its own.
     """
     import onnx
     from onnx import external_data_helper, numpy_helper
