@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -41,16 +41,13 @@ def main(argv: list[str] | None = None) -> None:
     for name, (batch, beams) in ROWS.items():
         ids = rng.integers(5, vocab - 1, (batch, 24))  # no special ids at the ends
         same = before(ids, beams) == after(ids, beams)  # also the warm-up
-        times: dict[str, list[float]] = {"before": [], "after": []}
-        for _ in range(args.rounds):
-            for key, run in (("before", before), ("after", after)):
-                start = time.perf_counter()
-                run(ids, beams)
-                times[key].append(time.perf_counter() - start)
-        a, b = np.median(times["before"]), np.median(times["after"])
+        systems = {key: partial(run, ids, beams) for key, run in (("before", before), ("after", after))}
+        times = common.run_interleaved(systems, args.rounds, warmup=0)
+        stats = {key: common.summarize(t) for key, t in times.items()}
+        a, b = stats["before"], stats["after"]
         print(
-            f"| {name} | {a:.3f} ({min(times['before']):.3f}) | {b:.3f} ({min(times['after']):.3f}) | "
-            f"{b / a:.3f} | {same} |"
+            f"| {name} | {a['median']:.3f} ({a['min']:.3f}) | {b['median']:.3f} ({b['min']:.3f}) | "
+            f"{b['median'] / a['median']:.3f} | {same} |"
         )
 
 

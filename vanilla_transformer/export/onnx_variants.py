@@ -202,19 +202,12 @@ def quantize_activations_per_row(path: Path) -> int:
             raise ValueError(f"{path}: {node.name} feeds weights of widths {sorted(widths)}; not rewritten")
         unsigned = x in producers and producers[x].op_type == "Relu"
         kind = "unsigned" if unsigned else "signed"
-        if unsigned:  # x >= 0: max(x_row), floored at 255 * tiny
-            nodes = [
-                helper.make_node("ReduceMax", [x, "row_quant.axes"], [f"{p}.max"], keepdims=1),  # (..., rows, 1)
-                helper.make_node("Max", [f"{p}.max", f"row_quant.{kind}_floor"], [f"{p}.range"]),
-            ]
-        else:  # max(|x_row|), floored at 127 * tiny
-            nodes = [
-                helper.make_node("Abs", [x], [f"{p}.abs"]),
-                helper.make_node(
-                    "ReduceMax", [f"{p}.abs", "row_quant.axes"], [f"{p}.max"], keepdims=1
-                ),  # (..., rows, 1)
-                helper.make_node("Max", [f"{p}.max", f"row_quant.{kind}_floor"], [f"{p}.range"]),
-            ]
+        magnitude = x if unsigned else f"{p}.abs"  # a ReLU's output is its own magnitude
+        nodes = [] if unsigned else [helper.make_node("Abs", [x], [magnitude])]
+        nodes += [  # max(|x_row|), floored at levels x tiny: a row of zeros gets scale tiny
+            helper.make_node("ReduceMax", [magnitude, "row_quant.axes"], [f"{p}.max"], keepdims=1),  # (..., rows, 1)
+            helper.make_node("Max", [f"{p}.max", f"row_quant.{kind}_floor"], [f"{p}.range"]),
+        ]
         zero_point_value = int(constants[f"row_quant.{kind}_zero_point"])
         nodes += [
             helper.make_node("Div", [f"{p}.range", f"row_quant.{kind}_levels"], [scale]),
