@@ -74,6 +74,21 @@ def hf_generate(model) -> Generate:
     return run
 
 
+def with_packed_min_rows(generate: Generate, min_rows: int | None) -> Generate:
+    """`generate` with `kernels.PACKED_MIN_ROWS` set for its calls (None: packing off), restored after each call."""
+    from vanilla_transformer.model import kernels
+
+    def run(*args, **kwargs) -> list[list[int]]:
+        saved = kernels.PACKED_MIN_ROWS
+        kernels.PACKED_MIN_ROWS = min_rows if min_rows is not None else sys.maxsize
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            kernels.PACKED_MIN_ROWS = saved
+
+    return run
+
+
 def ct2_generate(path: Path, threads: int, vocab: list[str] | None = None) -> Generate:
     """CTranslate2 on token strings: `vocab` maps ids to them (default: the Marian peer's vocabulary)."""
     import ctranslate2
@@ -140,6 +155,13 @@ def load_systems(paths: dict[str, Path], threads: int, only: list[str] | None = 
                 paths["vanilla"], attn_implementation="eager"
             ).eval()
         ),
+        # the A/B of the packing threshold (kernels.PACKED_MIN_ROWS): packed at every row count, and never packed
+        "vanilla PyTorch packed every row": lambda: with_packed_min_rows(
+            hf_generate(VanillaTransformerForConditionalGeneration.from_pretrained(paths["vanilla"]).eval()), 1
+        ),
+        "vanilla PyTorch unpacked": lambda: with_packed_min_rows(
+            hf_generate(VanillaTransformerForConditionalGeneration.from_pretrained(paths["vanilla"]).eval()), None
+        ),
         "Marian eager-attn": lambda: hf_generate(
             MarianMTModel.from_pretrained(paths["marian"], attn_implementation="eager").eval()
         ),
@@ -163,7 +185,8 @@ def load_systems(paths: dict[str, Path], threads: int, only: list[str] | None = 
         # the A/B of the per-row formulation: the previous one (asymmetric rows, offset added after each product)
         loaders["vanilla ORT int8 offset rows"] = lambda: ort_generate(common.int8_offset_rows_export(paths), threads)
     # attention-backend and decoder-cache comparisons, on request
-    optional = ("vanilla PyTorch eager-attn", "Marian eager-attn", "vanilla ORT fp32 copy", "vanilla ORT int8 copy",
+    optional = ("vanilla PyTorch eager-attn", "Marian eager-attn", "vanilla PyTorch packed every row",
+                "vanilla PyTorch unpacked", "vanilla ORT fp32 copy", "vanilla ORT int8 copy",
                 "vanilla ORT int8 per-tensor", "vanilla ORT int8 offset rows")  # fmt: skip
     names = [n for n in loaders if (n in only if only is not None else n not in optional) or n == REFERENCE]
     return {name: loaders[name]() for name in names}

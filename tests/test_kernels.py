@@ -7,6 +7,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from tests.conftest import make_model, padded_batch
+from vanilla_transformer.model import kernels
 from vanilla_transformer.model.kernels import (
     _PACKED,
     Linear,
@@ -16,6 +17,7 @@ from vanilla_transformer.model.kernels import (
     fuses_output_loss,
     is_tracing,
     keep_mask,
+    packed_min_rows,
     packed_weights,
     relu_dropout,
 )
@@ -29,6 +31,12 @@ def _ops(fn) -> set[str]:
     return {event.name for event in prof.events()}
 
 
+@pytest.fixture
+def every_row_count_packed(monkeypatch):
+    """The packed path for any number of rows, whatever CPU runs the test (on Intel CPUs 1-3 rows take the default)."""
+    monkeypatch.setattr(kernels, "PACKED_MIN_ROWS", 1)
+
+
 def _packed(module: torch.nn.Module) -> Linear:
     layer = module if isinstance(module, Linear) else Linear(13, 7)
     layer.packed_inference = True
@@ -38,7 +46,7 @@ def _packed(module: torch.nn.Module) -> Linear:
 @needs_onednn
 @pytest.mark.parametrize("shape", [(1, 13), (3, 1, 13), (2, 5, 13)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_packed_path_matches_functional_linear(shape, bias):
+def test_packed_path_matches_functional_linear(shape, bias, every_row_count_packed):
     torch.manual_seed(0)
     layer = _packed(Linear(13, 7, bias=bias))
     x = torch.randn(*shape)
@@ -47,6 +55,28 @@ def test_packed_path_matches_functional_linear(shape, bias):
         assert "mkldnn::_linear_pointwise" in _ops(lambda: layer(x))
         torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-6)
     assert "mkldnn::_linear_pointwise" not in _ops(lambda: layer(x))  # the block is closed
+
+
+@needs_onednn
+def test_rows_below_the_threshold_take_the_default_path(monkeypatch):
+    monkeypatch.setattr(kernels, "PACKED_MIN_ROWS", 4)
+    torch.manual_seed(0)
+    layer = _packed(Linear(13, 7))
+    with torch.no_grad(), packed_weights(layer):
+        for shape, packed in [((3, 13), False), ((3, 1, 13), False), ((4, 13), True), ((2, 2, 13), True)]:
+            x = torch.randn(*shape)
+            assert ("mkldnn::_linear_pointwise" in _ops(lambda x=x: layer(x))) == packed, shape
+            torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+
+
+@pytest.mark.parametrize(
+    ("vendor", "rows"), [("GenuineIntel", 4), ("AuthenticAMD", 1), ("HygonGenuine", 1), (None, 1)]
+)
+def test_packed_min_rows_by_cpu_vendor(vendor, rows):
+    """MKL runs its tuned kernels on Intel CPUs only: there one to three rows stay on torch's own `linear`."""
+    cpuinfo = "processor\t: 0\n" + (f"vendor_id\t: {vendor}\n" if vendor else "") + "model name\t: a CPU\n"
+    assert packed_min_rows(cpuinfo) == rows
+    assert kernels.PACKED_MIN_ROWS in (1, 4)
 
 
 @needs_onednn
@@ -91,7 +121,7 @@ def test_a_changed_weight_is_repacked(update):
 
 
 @needs_onednn
-def test_generate_is_unchanged_by_packing():
+def test_generate_is_unchanged_by_packing(every_row_count_packed):
     """Greedy and beam search with packed weights against the same model with packing switched off."""
     model = make_model(seed=3)
     src, mask = padded_batch()

@@ -83,7 +83,8 @@ class VanillaTransformerConfig(PreTrainedConfig):
     - `use_cache`: keep the decoder's keys/values between generation steps.
     - `cpu_weight_packing`: in CPU fp32 inference without autograd (as in `generate()`), run the decoder's and the
       output projection's matrix products with weights packed once by oneDNN (`kernels.Linear`): 1.2-2.2x faster
-      decoding at base size, for a second copy of those weights in memory. An engineering switch, not in the paper;
+      decoding at base size, for a second copy of those weights in memory (on Intel CPUs, inputs of 1-3 rows keep
+      torch's own `linear`, faster there: `kernels.PACKED_MIN_ROWS`). An engineering switch, not in the paper;
       `model.set_cpu_weight_packing(False)` turns it off.
     - `fused_output_loss`: in eager CPU fp32 training (the model in `train()` mode, `labels` given, no autocast, no
       graph capture), compute the output projection and the loss together in row chunks (`loss.LinearCrossEntropy`),
