@@ -379,6 +379,9 @@ def test_int8_variant_has_its_own_output_projection_and_runs(model, export_dir, 
     assert [n.name for n in graph.node if not set(n.output) & consumed] == []
     inplace = onnx.load(str(folder / INPLACE_DECODER_FILE)).graph
     assert any(n.op_type == "MatMulInteger" for n in inplace.node)
+    for quantized in (graph, inplace, onnx.load(str(folder / ENCODER_FILE)).graph):  # zero points: one per kind
+        ops = [n.op_type for n in quantized.node]
+        assert ops.count("QuantizeLinear") > 2 and ops.count("ConstantOfShape") == 2
     summary = validate_export(model, folder)
     print({k: v for k, v in summary.items() if k != "cases"})
     assert summary["logits"] < 0.5 and summary["inplace_logits"] < 0.5
@@ -480,6 +483,30 @@ def test_int8_rows_follow_the_documented_arithmetic(tmp_path):
     assert np.mean(np.abs(together - expected) <= 1e-5) > 0.9  # and almost all of them exactly
     alone = np.stack([session.run(None, {"x": x[b : b + 1]})[0][0] for b in range(3)])
     np.testing.assert_array_equal(alone, together)
+
+
+def test_int8_rows_of_different_shapes_are_refused(tmp_path):
+    """The per-row zero points are shared by a graph's quantized products: rows of two shapes cannot share them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from vanilla_transformer.export.onnx_variants import quantize_activations_per_row, quantize_int8
+
+    weight = np.random.default_rng(0).standard_normal((8, 6)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", [x, "w"], [f"{x}_out"]) for x in ("x", "memory")],
+        "two_row_shapes",
+        [
+            helper.make_tensor_value_info(x, TensorProto.FLOAT, ["batch", length, 8])
+            for x, length in (("x", "length"), ("memory", "source_length"))
+        ],  # fmt: skip
+        [helper.make_tensor_value_info(f"{x}_out", TensorProto.FLOAT, None) for x in ("x", "memory")],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    path = tmp_path / "two.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(path))
+    quantize_int8(path)
+    with pytest.raises(ValueError, match="rows of different shapes"):
+        quantize_activations_per_row(path)
 
 
 def test_untie_output_projection_replaces_the_transposed_table(tmp_path):

@@ -145,6 +145,30 @@ def _keep_bias_out_of_the_fused_product(matmul, consumers: dict, initializers: d
                 add.CopyFrom(sub)
 
 
+def _check_one_row_shape(model, names: list[str]) -> None:
+    """Raise if ONNX shape inference gives two of the tensors `names` different leading (row) dimensions; tensors
+    whose shape it cannot tell (behind onnxruntime's contrib operators) are not compared."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # noqa: BLE001 - shape inference is a check here, not a requirement
+        return
+    infos = {v.name: v for v in [*inferred.value_info, *inferred.input, *inferred.output]}
+    shapes: dict[tuple, str] = {}
+    for name in names:
+        info = infos.get(name)
+        dims = info.type.tensor_type.shape.dim if info is not None and info.type.tensor_type.HasField("shape") else []
+        # a dimension shape inference could not name is "unk__N", a fresh name each time: unknown, not compared
+        rows = tuple(None if d.dim_param.startswith("unk__") else (d.dim_param or d.dim_value or None) for d in dims)
+        rows = rows[:-1]
+        if rows and all(rows):
+            shapes.setdefault(rows, name)
+    if len(shapes) > 1:
+        raise ValueError(f"quantized products over rows of different shapes {sorted(shapes, key=str)}: "
+                         "the per-row zero points cannot be shared")  # fmt: skip
+
+
 def quantize_activations_per_row(path: Path) -> int:
     """Quantize every dynamically quantized activation with a scale per row (token) instead of one per tensor.
 
@@ -160,8 +184,11 @@ def quantize_activations_per_row(path: Path) -> int:
     `MatMulInteger`'s one per-tensor zero point and the product needs no correction; the quantization itself is one
     `QuantizeLinear` with a block the length of the row (opset 21, which the graph is raised to). The scale has shape
     (..., rows, 1) and broadcasts where the graph multiplies it by the weight's scale (onnxruntime still fuses that
-    into `MatMulIntegerToFloat`). 7 operators replace each quantizer (6 after a ReLU), and the product's bias is
-    subtracted negated (`_keep_bias_out_of_the_fused_product`); returns how many quantizers were replaced.
+    into `MatMulIntegerToFloat`). Every quantized product of a graph multiplies rows of one shape (the tokens of
+    the batch; checked where ONNX shape inference knows the shapes), so the per-row zero points are made once per
+    graph and kind (`Shape` and `ConstantOfShape`) and shared. 5 operators replace each quantizer (4 after a ReLU),
+    and the product's bias is subtracted negated (`_keep_bias_out_of_the_fused_product`); returns how many
+    quantizers were replaced.
 
     An earlier formulation (scale (max - min) / 254 per row, q = round((x - min) / scale), min x colsum(W) added
     back after the product) ran 11 operators, two of them over the product's (rows, N) output; the A/B is in
@@ -188,7 +215,9 @@ def quantize_activations_per_row(path: Path) -> int:
         "row_quant.unsigned_floor": np.array(255.0 * tiny, np.float32),
         "row_quant.unsigned_zero_point": np.array(0, np.uint8),
     }
+    _check_one_row_shape(model, [node.input[0] for node in graph.node if node.op_type == "DynamicQuantizeLinear"])
     replacements, negated_biases, replaced = {}, {}, 0  # nodes to insert in place of a quantizer; biases
+    shared_zero_points: dict[str, str] = {}  # kind -> the graph's zero points of that kind, one per row
     for node in graph.node:
         if node.op_type != "DynamicQuantizeLinear":
             continue
@@ -208,20 +237,23 @@ def quantize_activations_per_row(path: Path) -> int:
             helper.make_node("ReduceMax", [magnitude, "row_quant.axes"], [f"{p}.max"], keepdims=1),  # (..., rows, 1)
             helper.make_node("Max", [f"{p}.max", f"row_quant.{kind}_floor"], [f"{p}.range"]),
         ]
-        zero_point_value = int(constants[f"row_quant.{kind}_zero_point"])
-        nodes += [
-            helper.make_node("Div", [f"{p}.range", f"row_quant.{kind}_levels"], [scale]),
-            helper.make_node("Shape", [scale], [f"{p}.scale_shape"]),
-            helper.make_node(  # QuantizeLinear's zero point has the scale's shape: one (equal) value per row
-                "ConstantOfShape",
-                [f"{p}.scale_shape"],
-                [f"{p}.zero_points"],
-                value=helper.make_tensor("value", TensorProto.UINT8, [1], [zero_point_value]),
-            ),
-            helper.make_node(  # round half to even, then the zero point, saturated to [0, 255]
-                "QuantizeLinear", [x, scale, f"{p}.zero_points"], [q], axis=-1, block_size=widths.pop()
-            ),
-        ]
+        nodes.append(helper.make_node("Div", [f"{p}.range", f"row_quant.{kind}_levels"], [scale]))
+        zero_points = f"row_quant.{kind}_zero_points"
+        if kind not in shared_zero_points:  # the first quantizer of its kind makes them for the graph
+            zero_point_value = int(constants[f"row_quant.{kind}_zero_point"])
+            nodes += [
+                helper.make_node("Shape", [scale], [f"{p}.scale_shape"]),
+                helper.make_node(  # QuantizeLinear's zero point has the scale's shape: one (equal) value per row
+                    "ConstantOfShape",
+                    [f"{p}.scale_shape"],
+                    [zero_points],
+                    value=helper.make_tensor("value", TensorProto.UINT8, [1], [zero_point_value]),
+                ),
+            ]
+            shared_zero_points[kind] = zero_points
+        nodes.append(  # round half to even, then the zero point, saturated to [0, 255]
+            helper.make_node("QuantizeLinear", [x, scale, zero_points], [q], axis=-1, block_size=widths.pop())
+        )
         replacements[id(node)] = nodes
         for matmul in matmuls:
             matmul.input[2] = f"row_quant.{kind}_zero_point"
