@@ -80,9 +80,7 @@ async def drive(url: str, pair: tuple[str, str], texts: list[str], clients: int,
     stop = time.monotonic() + seconds
 
     async def one_client():
-        # Each client its own connection, as separate users have. One AsyncClient shared by every client spent
-        # most of the generator's core in its connection pool at 128 clients (0.91 of a core for 64 requests/s),
-        # so that the figure measured the load generator, not the server.
+        # A connection per client, as separate users have (a shared pool throttled the generator; module docstring).
         nonlocal failures
         async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=1)) as client:
             while time.monotonic() < stop:
