@@ -259,11 +259,13 @@ def beam_search(state: DecoderState, batch_size: int, settings: GenerationSettin
             log_probs += running_scores[active].reshape(-1, 1)
             topk_scores, topk_indices = top_k(log_probs.reshape(n, num_beams * vocab), beams_to_keep)
 
-        # c. the top continuations over all beams of a sentence
+        # c. the top continuations over all beams of a sentence. Every hypothesis holds its fill value beyond
+        # position cur_len (origins: beyond cur_len - prompt_len), so only the columns up to there are gathered.
         source_beam, token = topk_indices // vocab, topk_indices % vocab
-        topk_sequences = _gather(running[active], source_beam)
+        width, steps = cur_len + 1, cur_len + 1 - prompt_len
+        topk_sequences = _gather(running[active, :, :width], source_beam)
         topk_sequences[:, :, cur_len] = token
-        topk_origin = _gather(running_origin[active], source_beam)
+        topk_origin = _gather(running_origin[active, :, :steps], source_beam)
         topk_origin[:, :, cur_len - prompt_len] = source_beam + batch_offset[:n]  # rows of the state as it is
 
         # d. which continuations stop here (EOS, or maximum length)
@@ -272,8 +274,8 @@ def beam_search(state: DecoderState, batch_size: int, settings: GenerationSettin
         # e. the best unfinished continuations keep running
         open_scores = topk_scores + hits.astype(np.float32) * LARGE_NEGATIVE
         keep = top_k(open_scores, num_beams)[1]
-        running[active], running_scores[active] = _gather(topk_sequences, keep), _gather(open_scores, keep)
-        running_origin[active] = _gather(topk_origin, keep)
+        running[active, :, :width], running_scores[active] = _gather(topk_sequences, keep), _gather(open_scores, keep)
+        running_origin[active, :, :steps] = _gather(topk_origin, keep)
 
         # f. finished candidates among the top num_beams compete with the finished set, length-penalised
         just_finished = hits & top_num_beam_mask[None, :]
@@ -284,9 +286,9 @@ def beam_search(state: DecoderState, batch_size: int, settings: GenerationSettin
         final_scores = final_scores + (~just_finished).astype(np.float32) * LARGE_NEGATIVE
         merged_scores = np.concatenate([beam_scores[active], final_scores], axis=1)
         best = top_k(merged_scores, num_beams)[1]
-        sequences[active] = _gather(np.concatenate([sequences[active], topk_sequences], axis=1), best)
+        sequences[active, :, :width] = _gather(np.concatenate([sequences[active, :, :width], topk_sequences], 1), best)
         beam_scores[active] = _gather(merged_scores, best)
-        origin[active] = _gather(np.concatenate([origin[active], topk_origin], axis=1), best)
+        origin[active, :, :steps] = _gather(np.concatenate([origin[active, :, :steps], topk_origin], axis=1), best)
         finished[active] = _gather(np.concatenate([finished[active], just_finished], axis=1), best)
 
         # g. the cache follows the surviving beams
