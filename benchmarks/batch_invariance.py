@@ -3,6 +3,7 @@
     python -m benchmarks.batch_invariance --model outputs/main_job/onnx --sentences 400
     python -m benchmarks.batch_invariance --model outputs/main_job/onnx-int8 --batch_size 32
     python -m benchmarks.batch_invariance --model outputs/main_job/onnx-int8 --no_pruning   # the A/B of pruning
+    PYTHONPATH=OLD/runtime python -m benchmarks.batch_invariance --model FOLDER     # another runtime's timings
 
 The sources are the English side of the held-out gettext test split (`--texts`); batches are drawn from a fixed
 shuffle, as a serving batch mixes unrelated requests. Prints how many of the translations differ, with examples, and
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sentences", type=int, default=400)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--num_beams", type=int, default=4)
+    parser.add_argument("--max_new_tokens", type=int, default=None, help="longest output (default: the folder's)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no_pruning", action="store_true", help="decode finished sentences to the batch's end")
     parser.add_argument("--decoder_cache", choices=["auto", "inplace", "copy"], default="auto")
@@ -45,8 +47,9 @@ def main(argv: list[str] | None = None) -> None:
         args.model, provider="cpu", intra_op_num_threads=args.threads, decoder_cache=args.decoder_cache
     )
 
+    options = {"num_beams": args.num_beams, "max_new_tokens": args.max_new_tokens}
     started = time.perf_counter()
-    alone = [translator.translate([text], num_beams=args.num_beams)[0] for text in texts]
+    alone = [translator.translate([text], **options)[0] for text in texts]
     alone_s = time.perf_counter() - started
     order = list(range(len(texts)))
     random.Random(0).shuffle(order)
@@ -54,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     for start in range(0, len(order), args.batch_size):
         indices = order[start : start + args.batch_size]
-        outputs = translator.translate([texts[i] for i in indices], num_beams=args.num_beams)
+        outputs = translator.translate([texts[i] for i in indices], **options)
         for index, output in zip(indices, outputs, strict=True):
             batched[index] = output
     batched_s = time.perf_counter() - started

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -41,10 +42,23 @@ def read_sources(path: Path) -> list[str]:
     return [line.split("\t")[0] for line in lines if line.strip()]
 
 
+def child_pids(pid: int) -> list[int]:
+    """The live children of a process (Linux /proc), e.g. the server's session processes."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):  # the thread ended meanwhile
+            children += [int(child) for child in task.read_text().split()]
+    return children
+
+
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process and its threads (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of a process, its threads and its live children and theirs (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # it ended meanwhile
+        return 0.0
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(cpu_seconds(child) for child in child_pids(pid))
 
 
 def start_server(model: str, port: int, extra: list[str]) -> subprocess.Popen:

@@ -58,7 +58,8 @@ def slow_loader(delay: float):
 
 
 def make_service(delay: float | None = None, folder=None, **settings) -> TranslationService:
-    settings = {"threads": 1, "sessions": 1, **settings}
+    """A service of the tiny export; one session in a thread of this process unless `settings` say otherwise."""
+    settings = {"threads": 1, "sessions": 1, "session_workers": "thread", **settings}
     load = slow_loader(delay) if delay else load_translators
     return TranslationService([tiny_spec(folder)], ServeSettings(**settings), load=load)
 

@@ -5,7 +5,9 @@ LibreTranslate client (libretranslatepy) and an OpenAPI fuzzer (schemathesis) ag
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import os
 import signal
 import time
 
@@ -16,6 +18,8 @@ from tests.onnx_helpers import SENTENCES, trained_export_dir, trained_int8_expor
 from tests.serve_helpers import live_server, make_service, serve_process, tiny_spec, wait_ready
 from vanilla_transformer_ort import OrtTranslator
 from vanilla_transformer_ort.serve.app import create_app
+from vanilla_transformer_ort.serve.service import TranslationService, load_translators
+from vanilla_transformer_ort.serve.settings import ServeSettings
 
 # Texts for the load test: the tiny vocabulary, varied lengths, repeats, spaces and line breaks.
 LOAD_TEXTS = [*SENTENCES, "a", "b c", "x y z 1 2", "k l m n o p", "  d e  ", "f g\nh i", "3 4 5 6", "a b c d"]
@@ -116,16 +120,18 @@ def test_html_keeps_tags_entities_and_code(oracle):
 # -- batching --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", ["fp32", "int8"])
+@pytest.mark.parametrize("variant", ["fp32", "int8", "fp32 in 2 session processes"])
 def test_concurrent_answers_equal_single_request_translations(oracle, variant):
     """40 clients at once, each text as its own request and a few as lists: every answer equals the oracle's
     translation of that text alone, and the requests really were batched together. The int8 export too: its
-    activations are quantized per row, so a row's translation does not depend on the rows batched with it."""
+    activations are quantized per row, so a row's translation does not depend on the rows batched with it. And the
+    server's default, each session in a process of its own."""
     requests = [[text] for text in LOAD_TEXTS * 2] + [LOAD_TEXTS[i : i + 3] for i in range(0, len(LOAD_TEXTS), 3)]
     folder = trained_int8_export_dir() if variant == "int8" else None
     if folder is not None:
         oracle = OrtTranslator(folder, provider="cpu", intra_op_num_threads=1)
-    service = make_service(max_wait_ms=20, folder=folder)
+    processes = {"sessions": 2, "session_workers": "process"} if "process" in variant else {}
+    service = make_service(max_wait_ms=20, folder=folder, **processes)
 
     async def scenario(client):
         answers = await asyncio.gather(*(post(client, q=texts) for texts in requests))
@@ -139,6 +145,21 @@ def test_concurrent_answers_equal_single_request_translations(oracle, variant):
     count = _metric(metrics, "vt_batch_size_count")
     segments = _metric(metrics, "vt_segments_translated_total")
     assert count < segments / 4, (count, segments)  # batches held several requests' segments
+
+
+def test_an_idle_server_starts_a_request_at_once():
+    """`max_wait_ms` is how long a batch may wait for company while another batch runs: with every session idle, a
+    request starts at once instead of waiting for requests that are not coming."""
+    service = make_service(max_wait_ms=3000)
+
+    async def scenario(client):
+        await post(client, q="a b")  # the first request warms the session up
+        started = time.perf_counter()
+        answer = await post(client, q="c d")
+        return answer, time.perf_counter() - started
+
+    answer, seconds = run_app(service, scenario)
+    assert answer.status_code == 200 and seconds < 1.5, seconds
 
 
 def test_batching_off_keeps_requests_apart():
@@ -310,6 +331,55 @@ def test_a_client_that_goes_away_leaves_the_batch_to_the_others(oracle):
     assert after.json()["translatedText"] == single(oracle, "c")
 
 
+def test_a_session_process_that_dies_fails_its_batch_with_503_and_is_replaced(oracle):
+    """The session's process is killed during a batch: that request gets LibreTranslate's JSON 503 (retry), the
+    server starts a new session process and the next request is translated."""
+    service = make_service(delay=0.3, session_workers="process")
+
+    async def scenario(client):
+        doomed = asyncio.create_task(post(client, q="a b"))
+        await asyncio.sleep(0.1)  # in its batch, which sleeps before handing the ids to the session process
+        session = service.pairs[("en", "de")].engine.translators[0]
+        first = session.pid
+        os.kill(first, signal.SIGKILL)
+        answer = await doomed
+        return answer, await post(client, q="c"), first, session.pid
+
+    answer, after, first, replaced = run_app(service, scenario)
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+    assert "session ended" in answer.json()["error"] and "\n" not in answer.json()["error"]
+    assert after.json()["translatedText"] == single(oracle, "c") and replaced != first
+
+
+def test_a_server_fault_is_a_json_500_without_a_stack_trace():
+    class Broken:
+        def __init__(self, translator):
+            self._translator = translator
+
+        def __getattr__(self, name):
+            return getattr(self._translator, name)
+
+        def generate(self, *args, **kwargs):
+            raise ZeroDivisionError("a bug")
+
+    settings = ServeSettings(threads=1, sessions=1, session_workers="thread")
+    service = TranslationService(
+        [tiny_spec()], settings, load=lambda spec, s: [Broken(t) for t in load_translators(spec, s)]
+    )
+    app = create_app(service)
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://serve.test") as client:
+                return await post(client, q="a b"), await client.get("/health")
+
+    answer, health = asyncio.run(main())
+    assert answer.status_code == 500
+    assert answer.json() == {"error": "internal error (ZeroDivisionError); the server's log has the details"}
+    assert health.status_code == 200
+
+
 def test_requests_during_shutdown_are_refused_and_accepted_ones_finish(oracle):
     service = make_service(delay=0.3)
 
@@ -345,24 +415,29 @@ def test_folder_without_languages_asks_for_the_pair(tmp_path):
 
 
 def test_sigterm_finishes_accepted_requests_and_refuses_new_ones(oracle):
-    """A live server in a subprocess: a request in flight when SIGTERM arrives still gets its translation; then the
-    port refuses connections and the process ends (uvicorn re-raises SIGTERM once it has shut down cleanly)."""
-    process, url = serve_process(f"en-de={trained_export_dir()}", "--max_wait_ms", "300")
+    """A live server in a subprocess, its session in a process of its own (the default): a request in flight when
+    SIGTERM arrives still gets its translation; then the port refuses connections and the process ends (uvicorn
+    re-raises SIGTERM once it has shut down cleanly)."""
+    texts = [" ".join(words) for words in itertools.islice(itertools.permutations("abcdefgh", 3), 150)]
+    process, url = serve_process(f"en-de={trained_export_dir()}", "--sessions", "1", "--max_batch_size", "1")
     try:
         wait_ready(url, process=process)
 
         async def scenario():
-            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-                in_flight = asyncio.create_task(
-                    client.post("/translate", json={"q": SENTENCES, "source": "en", "target": "de"})
+            async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+                in_flight = asyncio.create_task(  # 150 batches of one text, one after the other
+                    client.post("/translate", json={"q": texts, "source": "en", "target": "de"})
                 )
-                await asyncio.sleep(0.1)  # accepted, waiting for its batch
+                await asyncio.sleep(0.1)
                 process.send_signal(signal.SIGTERM)
-                return await in_flight
+                signalled = time.perf_counter()
+                answer = await in_flight
+                return answer, time.perf_counter() - signalled
 
-        answer = asyncio.run(scenario())
+        answer, after_signal = asyncio.run(scenario())
         assert answer.status_code == 200
-        assert answer.json()["translatedText"] == [single(oracle, s) for s in SENTENCES]
+        assert after_signal > 0.02  # the request was still being translated when SIGTERM came
+        assert answer.json()["translatedText"] == [single(oracle, text) for text in texts]
         assert process.wait(timeout=30) in (0, -signal.SIGTERM)
         with pytest.raises(httpx.TransportError):
             httpx.get(f"{url}/health", timeout=2)

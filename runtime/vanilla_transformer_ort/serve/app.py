@@ -290,6 +290,10 @@ def create_app(service: TranslationService) -> FastAPI:
     async def validation_error(request: Request, error: RequestValidationError):
         return _error(400, f"Invalid request: {error.errors()[0].get('msg', 'bad field')}")
 
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, error: Exception):  # a fault of the server, never of the input
+        return _error(500, f"internal error ({type(error).__name__}); the server's log has the details")
+
     @app.post(
         "/translate",
         response_model=TranslateResponse,

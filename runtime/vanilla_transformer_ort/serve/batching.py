@@ -1,10 +1,12 @@
 """Cross-request batching: the segments of concurrent requests share onnxruntime batches.
 
-Every request's segments are tokenized on arrival and queued. Whenever a session is idle, the scheduler waits until
-the oldest queued segment has waited `max_wait_ms` (or the queue already fills a batch), then takes a batch: the
-oldest segment first, then the queued segments closest to it in length, until `max_batch_tokens` padded source
-tokens or `max_batch_size` segments. The batch runs in a worker thread that owns one session, so decoding never
-blocks the event loop, and each segment's future receives its translation.
+Every request's segments are tokenized on arrival and queued. Whenever a session is idle, the scheduler takes a
+batch: at once if no other batch is running (waiting could only add latency), otherwise once the oldest queued
+segment has waited `max_wait_ms` or the queue already fills a batch. A batch is the oldest segment first, then the
+queued segments closest to it in length, until `max_batch_tokens` padded source tokens or `max_batch_size`
+segments. The batch runs in a worker thread that owns one session (an `OrtTranslator`, or a `SessionProcess` that
+decodes in a process of its own), so decoding never blocks the event loop, and each segment's future receives its
+translation.
 
 A segment's translation does not depend on its batch: every sentence's beams are searched separately, padding is
 masked, and the exported graphs compute each row from that row alone (fp32; `tests/test_serve.py` checks it for
@@ -34,6 +36,11 @@ class QueueFull(Exception):
 
 class ShuttingDown(Exception):
     """The scheduler no longer accepts work."""
+
+
+class SessionLost(RuntimeError):
+    """A session's process ended during a batch (killed, out of memory); it was replaced, the batch failed and its
+    requests may be retried."""
 
 
 @dataclass
@@ -110,7 +117,8 @@ class BatchScheduler:
         engine: the model's sessions.
         max_batch_tokens: padded source tokens in one batch (rows x longest row).
         max_batch_size: segments in one batch.
-        max_wait_ms: how long the oldest queued segment may wait for company before its batch starts.
+        max_wait_ms: how long the oldest queued segment may wait for company before its batch starts, while
+            another batch runs (with every session idle, a batch starts at once).
         max_queue: queued segments beyond which `submit` raises `QueueFull`.
         cross_request: False keeps each request's segments in batches of their own (batching off, for comparison).
         on_batch: called on the event loop with each batch's `BatchStats`.
@@ -222,7 +230,10 @@ class BatchScheduler:
                 await self._arrival.wait()
                 continue
             waited = time.monotonic() - self._queue[0].arrived
-            if not self._closing and waited < self.max_wait and not self._batch_is_full():
+            # Company is worth waiting for only while another batch runs: with every session idle, the queue has
+            # all there is, and waiting would only add to the latency.
+            busy = bool(self._running)
+            if busy and not self._closing and waited < self.max_wait and not self._batch_is_full():
                 self._arrival.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._arrival.wait(), self.max_wait - waited)

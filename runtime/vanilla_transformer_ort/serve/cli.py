@@ -23,7 +23,7 @@ Metrics: GET /metrics; OpenAPI: GET /docs. SIGTERM finishes accepted requests, t
 def build_parser():
     from .. import __version__
     from ..cli_common import make_parser, positive_int
-    from .settings import ServeSettings
+    from .settings import SESSION_WORKERS, ServeSettings
 
     defaults = ServeSettings()
     parser = make_parser(PROG, DESCRIPTION, EXAMPLE, __version__)
@@ -40,6 +40,13 @@ def build_parser():
     parser.add_argument(
         "--threads", type=positive_int, default=None, help="threads a session (default: usable cores / sessions)"
     )
+    parser.add_argument(
+        "--session_workers",
+        choices=SESSION_WORKERS,
+        default=defaults.session_workers,
+        help="run each session in a process of its own (default; no session waits for another's Python) or in a "
+        "thread of the server (less memory)",
+    )
     parser.add_argument("--num_beams", type=positive_int, default=None, help="beam size (default: the folder's)")
     parser.add_argument("--max_new_tokens", type=positive_int, default=None, help="longest translation, in tokens")
     parser.add_argument("--provider", default="cpu", help="cpu, cuda or auto (default cpu)")
@@ -51,7 +58,7 @@ def build_parser():
         ("request_timeout", float, "seconds before a 503"),
         ("max_batch_tokens", positive_int, "padded tokens a batch"),
         ("max_batch_size", positive_int, "segments a batch"),
-        ("max_wait_ms", float, "longest wait to fill a batch"),
+        ("max_wait_ms", float, "longest wait to fill a batch while another runs"),
     ]
     for name, kind, text in limits:
         parser.add_argument(
@@ -142,6 +149,7 @@ def settings_from_args(args: argparse.Namespace):
         protect_placeholders=not args.no_protect_placeholders,
         sessions=args.sessions,
         threads=args.threads,
+        session_workers=args.session_workers,
         num_beams=args.num_beams,
         max_new_tokens=args.max_new_tokens,
         provider=args.provider,

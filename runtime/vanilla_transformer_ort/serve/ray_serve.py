@@ -9,6 +9,7 @@ cluster (`vt-translate-ray`). Needs the `ray` extra: `pip install "vanilla-trans
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -35,6 +36,8 @@ def deployment(models: Sequence[str], settings: ServeSettings, replicas: int, cp
     specs = [parse_model_spec(model) for model in models]
     check_unique(specs)
     resolved = [f"{spec.pair}={spec.folder.resolve()}" for spec in specs]
+    # A replica is a Ray actor process already: its sessions run in its threads, and Ray places the replicas.
+    settings = dataclasses.replace(settings, session_workers="thread")
 
     def builder():  # a plain function: Ray Serve calls it on each replica to build the ASGI app there
         return build_app(resolved, settings)

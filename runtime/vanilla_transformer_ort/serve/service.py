@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..placeholders import protect, restore
 from ..protected_translation import DEFAULT_RETRY, DEFAULT_STYLE, translate_protected
-from .batching import BatchScheduler, BatchStats, Engine, QueueFull, ShuttingDown
+from .batching import BatchScheduler, BatchStats, Engine, QueueFull, SessionLost, ShuttingDown
 from .models import ModelSpec, batch_dependent, language_name
 from .settings import ServeSettings
 from .text import join, split
@@ -94,7 +94,8 @@ class Metrics:
 
 
 def load_translators(spec: ModelSpec, settings: ServeSettings) -> list:
-    """`settings.sessions` OrtTranslators of the folder, each on `settings.threads_per_session` threads."""
+    """`settings.sessions` sessions of the folder, each on `settings.threads_per_session` threads: `SessionProcess`es
+    (each in a process of its own, `session_workers="process"`) or `OrtTranslator`s in this process ("thread")."""
     from ..translator import OrtTranslator
 
     if settings.batching and batch_dependent(spec.folder):
@@ -104,6 +105,10 @@ def load_translators(spec: ModelSpec, settings: ServeSettings) -> list:
             "serve it with --no_batching",
             spec.folder,
         )
+    if settings.session_workers == "process":
+        from .workers import start_sessions
+
+        return start_sessions(spec.folder, settings.sessions, settings.provider, settings.threads_per_session)
     return [
         OrtTranslator(spec.folder, provider=settings.provider, intra_op_num_threads=settings.threads_per_session)
         for _ in range(settings.sessions)
@@ -172,6 +177,10 @@ class TranslationService:
         self.draining = True
         self.ready = False
         await asyncio.gather(*(pair.scheduler.close() for pair in self.pairs.values()))
+        for pair in self.pairs.values():  # session processes end once their last batch is done
+            for translator in pair.engine.translators:
+                if callable(getattr(translator, "close", None)):
+                    await asyncio.to_thread(translator.close)
 
     def update_gauges(self) -> None:
         self.metrics.queue_depth.set(sum(p.scheduler.queue_depth for p in self.pairs.values()))
@@ -239,6 +248,10 @@ class TranslationService:
                 503,
                 f"no translation within {self.settings.request_timeout:g} s (the server is overloaded); "
                 "retry later or send fewer texts",
+            ) from None
+        except SessionLost:
+            raise RequestError(
+                503, "a translation session ended during this request and was restarted; retry"
             ) from None
         finally:
             for future in futures:  # a request that goes away takes its queued segments with it
