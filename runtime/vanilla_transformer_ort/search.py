@@ -207,9 +207,12 @@ def _output_fill_value(settings: GenerationSettings) -> int:
 
 
 def _gather(array: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """array (batch, beams, ...) gathered on the beam axis with indices (batch, k)."""
-    index = indices.reshape(indices.shape + (1,) * (array.ndim - 2))
-    return np.take_along_axis(array, index, axis=1)
+    """array (batch, beams, ...) gathered on the beam axis with indices (batch, k): (batch, k, ...).
+
+    Plain advanced indexing, as `np.take_along_axis(array, indices[..., None, ...], axis=1)` computes it, without
+    the index arrays that function builds and checks on every call (a search step gathers seven times)."""
+    rows = np.arange(indices.shape[0])[:, None]  # (batch, 1), broadcast against (batch, k)
+    return array[rows, indices]
 
 
 def beam_search(state: DecoderState, batch_size: int, settings: GenerationSettings) -> np.ndarray:
@@ -269,7 +272,7 @@ def beam_search(state: DecoderState, batch_size: int, settings: GenerationSettin
         topk_origin[:, :, cur_len - prompt_len] = source_beam + batch_offset[:n]  # rows of the state as it is
 
         # d. which continuations stop here (EOS, or maximum length)
-        hits = np.isin(token, eos) | (cur_len + 1 >= max_length)
+        hits = (token[..., None] == eos).any(axis=-1) | (cur_len + 1 >= max_length)  # np.isin, for a few ids
 
         # e. the best unfinished continuations keep running
         open_scores = topk_scores + hits.astype(np.float32) * LARGE_NEGATIVE
