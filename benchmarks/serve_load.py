@@ -162,7 +162,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per level")
     parser.add_argument("--warmup", type=float, default=5.0, help="warm-up seconds per server")
     parser.add_argument("--num_beams", type=int, default=4)
-    parser.add_argument("--server_args", default="", help="extra vt-serve flags, e.g. '--sessions 2 --threads 1'")
+    parser.add_argument(
+        "--server_args",
+        default="",
+        help="extra vt-serve flags, e.g. '--sessions 2 --threads 1' (a single flag: --server_args=--no_batching)",
+    )
     parser.add_argument("--port", type=int, default=5077)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
