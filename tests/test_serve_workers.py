@@ -127,6 +127,20 @@ def test_the_child_ends_when_the_server_is_killed():
     assert not alive(child)
 
 
+def test_a_script_without_a_main_guard_is_told_what_to_do(tmp_path):
+    """Spawned processes import the script that started them again: one that starts a session at module level gets
+    an error that names the fix, not only multiprocessing's traceback."""
+    script = tmp_path / "serve_here.py"
+    script.write_text(
+        "from vanilla_transformer_ort.serve.workers import SessionProcess\n"
+        f"SessionProcess({str(trained_export_dir())!r})\n"
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("ValueError: ") and "if __name__ == '__main__':" in last and "thread" in last, last
+
+
 def test_close_ends_the_child_and_refuses_more_batches():
     session = SessionProcess(trained_export_dir(), intra_op_num_threads=1)
     pid = session.pid

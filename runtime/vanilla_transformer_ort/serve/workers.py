@@ -121,7 +121,11 @@ class SessionProcess:
         try:
             self.pid = self._loading.result(timeout=self._start_timeout)
         except BrokenProcessPool:
-            reason = "its process exited while loading"
+            reason = (
+                "its process exited while loading (its error is on stderr; a script that starts sessions must do "
+                "so under `if __name__ == '__main__':`, as Python's spawned processes require, or use "
+                "session_workers='thread')"
+            )
         except TimeoutError:
             reason = f"it took over {self._start_timeout:g} s to load"
         except Exception as error:
