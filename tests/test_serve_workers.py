@@ -141,6 +141,13 @@ def test_a_script_without_a_main_guard_is_told_what_to_do(tmp_path):
     assert last.startswith("ValueError: ") and "if __name__ == '__main__':" in last and "thread" in last, last
 
 
+def test_a_child_that_loads_too_slowly_is_refused():
+    before = set(multiprocessing.active_children())
+    with pytest.raises(ValueError, match=r"could not be started: it took over 0.001 s to load"):
+        SessionProcess(trained_export_dir(), start_timeout=0.001)
+    assert set(multiprocessing.active_children()) <= before
+
+
 def test_close_ends_the_child_and_refuses_more_batches():
     session = SessionProcess(trained_export_dir(), intra_op_num_threads=1)
     pid = session.pid

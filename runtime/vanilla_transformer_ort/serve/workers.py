@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout  # the builtin TimeoutError from Python 3.11
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
@@ -126,7 +127,7 @@ class SessionProcess:
                 "so under `if __name__ == '__main__':`, as Python's spawned processes require, or use "
                 "session_workers='thread')"
             )
-        except TimeoutError:
+        except FutureTimeout:
             reason = f"it took over {self._start_timeout:g} s to load"
         except Exception as error:
             reason = f"{type(error).__name__}: {error}"
