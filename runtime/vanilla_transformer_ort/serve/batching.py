@@ -235,7 +235,7 @@ class BatchScheduler:
             busy = bool(self._running)
             if busy and not self._closing and waited < self.max_wait and not self._batch_is_full():
                 self._arrival.clear()
-                with contextlib.suppress(TimeoutError):
+                with contextlib.suppress(asyncio.TimeoutError):  # the builtin one from Python 3.11 on
                     await asyncio.wait_for(self._arrival.wait(), self.max_wait - waited)
                 continue
             batch = self._take_batch()

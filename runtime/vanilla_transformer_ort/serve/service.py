@@ -243,7 +243,7 @@ class TranslationService:
         self.update_gauges()
         try:
             return list(await asyncio.wait_for(asyncio.gather(*futures), self.settings.request_timeout))
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
             raise RequestError(
                 503,
                 f"no translation within {self.settings.request_timeout:g} s (the server is overloaded); "
