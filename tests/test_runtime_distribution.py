@@ -52,6 +52,19 @@ def test_metadata_lists_no_torch_package():
     assert project["scripts"]["vt-translate-onnx"] == "vanilla_transformer_ort.cli:main"
 
 
+def test_serve_extra_is_the_same_in_both_distributions_with_uvicorns_fast_loop_and_parser():
+    """`vt-serve` installs alike from either distribution, and with uvicorn's `standard` extra: uvloop and httptools,
+    which uvicorn picks when installed (the served figures were measured with them; docs/serving.md)."""
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+
+    runtime = tomllib.loads((RUNTIME / "pyproject.toml").read_text())["project"]["optional-dependencies"]["serve"]
+    root = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["serve"]
+    assert sorted(runtime) == sorted(root)
+    uvicorn = next(Requirement(r) for r in runtime if _requirement_name(r) == "uvicorn")
+    assert "standard" in uvicorn.extras
+
+
 def test_imports_and_translates_where_torch_and_transformers_are_blocked(tmp_path):
     """Only runtime/ on the path (not the repository root), torch and transformers refused by an import hook."""
     folder = trained_export_dir()
