@@ -444,8 +444,25 @@ def test_sigterm_finishes_accepted_requests_and_refuses_new_ones(oracle):
         logs = process.stderr.read()
         access = [json.loads(line.split(": ", 1)[1]) for line in logs.splitlines() if ".serve.access: " in line]
         assert any(entry["path"] == "/translate" and entry["status"] == 200 for entry in access), logs
+        assert "not installed: uvicorn falls back" not in logs  # the serve extra brings uvloop and httptools
     finally:
         process.kill()
+
+
+def test_missing_uvloop_or_httptools_is_named(monkeypatch):
+    """Without them uvicorn still serves, more slowly; `vt-serve` warns at start, naming what is missing (uvloop is
+    not asked for on Windows)."""
+    import importlib.util
+
+    from vanilla_transformer_ort.serve import cli
+
+    assert cli.missing_fast_io() == []  # installed here by the serve extra
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvloop" else real(name, *a))
+    assert cli.missing_fast_io("linux") == ["uvloop"]
+    assert cli.missing_fast_io("win32") == []
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert cli.missing_fast_io("linux") == ["uvloop", "httptools"]
 
 
 def test_libretranslatepy_client_unmodified(oracle):

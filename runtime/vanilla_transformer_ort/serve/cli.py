@@ -4,7 +4,9 @@ LibreTranslate's HTTP API, with batching across requests, metrics and graceful s
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
+import sys
 
 PROG = "vt-serve"
 EXAMPLE = """\
@@ -96,7 +98,21 @@ def serve_command(argv: list[str]) -> None:
         return
     server = build_server(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    missing = missing_fast_io()
+    if missing:
+        logging.getLogger(__name__).warning(
+            "%s not installed: uvicorn falls back to asyncio's event loop and its pure-Python HTTP parser, measured "
+            "5-22 %% fewer sentences/s; pip install 'uvicorn[standard]' (the serve extra installs it)",
+            " and ".join(missing),
+        )
     server.run()
+
+
+def missing_fast_io(platform: str = sys.platform) -> list[str]:
+    """Which of uvloop and httptools, the event loop and HTTP parser uvicorn picks when installed, are missing
+    (uvloop is not counted on Windows, where it does not run)."""
+    wanted = ["httptools"] if platform == "win32" else ["uvloop", "httptools"]
+    return [name for name in wanted if importlib.util.find_spec(name) is None]
 
 
 def main(argv: list[str] | None = None) -> int:
