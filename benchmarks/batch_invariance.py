@@ -1,6 +1,7 @@
 """Does a translation depend on its batch? Each source translated alone against the same source in shuffled batches.
 
-    python -m benchmarks.batch_invariance --model outputs/main_job/onnx --sentences 400
+    python -m benchmarks.batch_invariance --model outputs/main_job/onnx --sentences 400     # the job's fp32 export
+    vt-export-onnx --model outputs/main_job/model --output outputs/main_job/onnx-int8 --quantize int8
     python -m benchmarks.batch_invariance --model outputs/main_job/onnx-int8 --batch_size 32
     python -m benchmarks.batch_invariance --model outputs/main_job/onnx-int8 --no_pruning   # the A/B of pruning
     PYTHONPATH=OLD/runtime python -m benchmarks.batch_invariance --model FOLDER     # another runtime's timings

@@ -1,6 +1,7 @@
 """Beam search's per-step overheads in the runtime, each change against what it replaced, in one process.
 
     python -m benchmarks.beam_ranking                                        # ranking graph, base-size generation
+    vt-export-onnx --model outputs/main_job/model --output outputs/main_job/onnx-int8 --quantize int8
     python -m benchmarks.beam_ranking --model outputs/main_job/onnx-int8     # + test sentences in batches of 32
 
 1. **Ranking graph alone** (`beam_scores.onnx`): one `TopK` over each sentence's num_beams x V candidates (the graph

@@ -1,5 +1,6 @@
 """Load benchmark of `vt-serve`: closed-loop clients against a live server, with and without cross-request batching.
 
+    vt-export-onnx --model outputs/main_job/model --output outputs/main_job/onnx-int8 --quantize int8
     python -m benchmarks.serve_load --model outputs/main_job/onnx-int8 --num_beams 4
     python -m benchmarks.serve_load --model onnx/base-int8 --clients 1 8 32 128 --seconds 20
 

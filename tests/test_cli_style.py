@@ -48,6 +48,11 @@ def assert_one_line_error(status: int, err: str, *words: str) -> None:
     lines = err.strip().splitlines()
     assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}: {err!r}"
     assert "error" in lines[0], lines[0]
+    message = lines[0].split("error: ", 1)[-1]
+    # one style (git's): starts lower-case unless with a name, path or flag; no closing full stop
+    first = message.split(" ", 1)[0]
+    assert not (first[:1].isupper() and first[1:].isalpha() and first[1:].islower()), lines[0]
+    assert not message.endswith(".") or message.endswith(".."), lines[0]
     for word in words:
         assert word in lines[0], f"{word!r} not in {lines[0]!r}"
 
@@ -83,6 +88,10 @@ def test_unknown_flag_is_one_line_and_exit_2(name, capsys):
 def _not_an_export(tmp: Path) -> Path:
     folder = tmp / "empty"
     folder.mkdir()
+    export = tmp / "export"  # looks like an ONNX export: where a model folder is wanted, it is refused as one
+    export.mkdir()
+    for name in ("encoder_model.onnx", "config.json"):
+        (export / name).write_text("{}")
     return folder
 
 
@@ -97,7 +106,8 @@ BAD_INPUTS = [
     ("vt-translate-onnx", [], ["--model"]),
     ("vt-evaluate", ["--model", "{tmp}/empty", "--test_file", "t.tsv"], ["not a model folder", "config.json"]),
     ("vt-evaluate", ["--model", "{tmp}/empty", "--test_file", "t.tsv", "--batch_size", "x"], ["--batch_size"]),
-    ("vt-evaluate", ["--model", "{tmp}/missing", "--test_file", "{tmp}/missing.tsv"], ["missing"]),
+    ("vt-evaluate", ["--model", "{tmp}/missing", "--test_file", "{tmp}/missing.tsv"], ["--model", "no such folder"]),
+    ("vt-evaluate", ["--model", "{tmp}/export", "--test_file", "t.tsv"], ["ONNX export folder", "--model"]),
     ("vt-translate", ["--model", "{tmp}/empty", "--input", "{tmp}/missing.txt"], ["--input", "does not exist"]),
     ("vt-translate", ["--model", "{tmp}/empty", "--input-file", "{tmp}/in.txt"], ["not a model folder"]),
     ("vt-average-checkpoints", ["--run_dir", "{tmp}/missing", "--output", "{tmp}/avg"], ["not found"]),
@@ -107,15 +117,20 @@ BAD_INPUTS = [
         [">= 1"],
     ),  # fmt: skip
     ("vt-train-tokenizer", ["--output", "{tmp}/tok", "--vocab_size", "many"], ["--vocab_size", "many"]),
+    ("vt-train-tokenizer", ["--output", "{tmp}/tok", "--train_file", "{tmp}/no.tsv"], ["data file", "check the path"]),
     ("vt-train", ["--output", "{tmp}/run", "--max_steps", "abc"], ["--max_steps", "abc"]),
     ("vt-train", ["--output_dir", "{tmp}/run", "--fp16", "--bf16"], ["--fp16 and --bf16"]),
     ("vt-main-job", ["--output", "{tmp}/job", "--time-budget-minutes", "soon"], ["--time_budget_minutes", "soon"]),
     ("vt-convert-marian", ["--model", "{tmp}/empty", "--output", "{tmp}/out"], ["config.json"]),
+    ("vt-export-marian", ["--model", "{tmp}/missing", "--output", "{tmp}/out"], ["--model", "no such folder"]),
+    ("vt-export-marian", ["--model", "{tmp}/empty", "--output", "{tmp}/out"], ["not a model folder", "config.json"]),
+    ("vt-export-marian", ["--model", "{tmp}/export", "--output", "{tmp}/out"], ["ONNX export folder", "--model"]),
     ("vt-push-to-hub", ["--model", "{tmp}/missing", "--repo_id", "u/m", "--dry_run", "{tmp}/hub"], ["missing"]),
     ("vt-push-to-hub", ["--model", "{tmp}/empty", "--repo-id", "u/m", "--dry-run", "{tmp}/hub"], ["config.json"]),
-    ("vt-export-onnx", ["--model", "{tmp}/missing", "--output", "{tmp}/onnx"], ["not a saved model folder"]),
+    ("vt-export-onnx", ["--model", "{tmp}/missing", "--output", "{tmp}/onnx"], ["--model", "no such folder"]),
+    ("vt-export-onnx", ["--model", "{tmp}/export", "--output", "{tmp}/onnx"], ["ONNX export folder", "--model"]),
     ("vt-export-onnx", ["--model", "{tmp}/empty", "--output", "{tmp}/onnx", "--dtype", "int4"], ["--dtype", "int4"]),
-    ("vt-export-ctranslate2", ["--model", "{tmp}/missing", "--output", "{tmp}/ct2"], ["missing"]),
+    ("vt-export-ctranslate2", ["--model", "{tmp}/missing", "--output", "{tmp}/ct2"], ["--model", "no such folder"]),
     (
         "vt-export-ctranslate2",
         ["--model", "{tmp}/empty", "--output", "{tmp}/ct2", "--max_positions", "x"],
@@ -140,6 +155,41 @@ def test_every_script_has_bad_input_rows():
     ours = {name for name, target in SCRIPTS.items() if target.split(":")[0].endswith(("cli", "export.cli"))}
     ours -= {name for name, target in SCRIPTS.items() if ".serve." in target or "po_cli" in target}
     assert ours <= covered, ours - covered
+
+
+def test_flags_a_command_lacks_are_never_named():
+    """A data-file error of one command does not name another command's flags (--train_file, --validation_file)."""
+    from vanilla_transformer.training.data import read_parallel_file
+
+    with pytest.raises(FileNotFoundError) as error:
+        read_parallel_file("no/such.tsv", "en", "de")
+    assert "--" not in str(error.value) and "no/such.tsv" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "name", sorted(name for name, target in SCRIPTS.items() if "vanilla_transformer_ort" not in target)
+)
+def test_version_answers_without_importing_torch(name):
+    """`--version` of every command of the full package answers from its launcher, before torch is imported
+    (`import vanilla_transformer` takes seconds; the runtime's commands never import torch at all)."""
+    module, _, function = SCRIPTS[name].partition(":")
+    code = (
+        f"import sys; from {module} import {function}; status = {function}(['--version']); "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'imported torch'; sys.exit(status)"
+    )
+    result = _run_subprocess("-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{name} {vanilla_transformer_ort.__version__}\n"
+
+
+def test_error_style():
+    from vanilla_transformer_ort.cli_common import error_style
+
+    assert error_style("Cannot open x.") == "cannot open x"
+    assert error_style("ONNX export is missing.") == "ONNX export is missing"
+    assert error_style("/tmp/x: no such folder") == "/tmp/x: no such folder"
+    assert error_style("wait...") == "wait..."
+    assert error_style("Model folder\n  x") == "model folder x"
 
 
 def test_old_flag_spellings_still_work():
@@ -178,7 +228,7 @@ def test_scripts_report_errors_like_the_console_scripts(tmp_path):
     """`python scripts/<name>.py` runs the console script (its `main` stays the command, for Python callers)."""
     result = _run_subprocess("scripts/average_checkpoints.py", "--run_dir", str(tmp_path / "x"), "--output", "o")
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
-    assert result.stderr.startswith("vt-average-checkpoints: error: Training output folder not found")
+    assert result.stderr.startswith("vt-average-checkpoints: error: training output folder")
 
 
 def test_bugs_keep_their_traceback(capsys):
@@ -235,6 +285,34 @@ def test_missing_onnxruntime_names_the_extra(tmp_path):
         f"sys.exit(main(['--model', {str(folder)!r}, 'a']))\n"
     )
     result = _run_subprocess("-c", code)
-    assert 'pip install "vanilla-transformer-ort[cpu]"' in result.stdout, result.stdout + result.stderr
+    hint = 'pip install onnxruntime (onnxruntime-gpu for CUDA); from a checkout, pip install "./runtime[cpu]"'
+    assert hint in result.stdout, result.stdout + result.stderr
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.count("\n") == 1 and "vanilla-transformer-ort[gpu]" in result.stderr
+    assert result.stderr.count("\n") == 1 and '"./runtime[gpu]"' in result.stderr
+
+
+def test_exporter_noise_is_hidden_unless_debug(capsys, caplog):
+    """vt-export-onnx keeps torch's exporter quiet (progress prints, warnings, log records); `--debug` shows them."""
+    import logging
+    import warnings
+
+    from vanilla_transformer.export.cli import quiet_exporter
+    from vanilla_transformer_ort.cli_common import debug_requested
+
+    def noisy():
+        print("[torch.onnx] Run decompositions...")
+        warnings.warn("axis name batch_size will not be used", UserWarning, stacklevel=1)
+        logging.getLogger("torch.onnx._internal").warning("torchvision is not installed")
+
+    with quiet_exporter(True), warnings.catch_warnings(record=True) as caught:
+        noisy()
+    assert capsys.readouterr().out == "" and not caught and not caplog.records
+    with quiet_exporter(False), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        noisy()
+    assert "[torch.onnx]" in capsys.readouterr().out and len(caught) == 1 and len(caplog.records) == 1
+    assert logging.getLogger("torch.onnx").level == logging.NOTSET  # levels restored
+    seen = []
+    run_cli(lambda argv: seen.append(debug_requested()), ["--debug"], prog="vt-x")
+    run_cli(lambda argv: seen.append(debug_requested()), [], prog="vt-x")
+    assert seen == [True, False] and not debug_requested()

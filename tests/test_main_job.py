@@ -185,6 +185,12 @@ def test_main_job_exports_and_translates_with_onnxruntime(tmp_path):
 
     command = summary["serve_command"].split()
     assert command[0] == "vt-serve" and parse_model_spec(command[1]).pair == "en-de"  # the printed command serves it
+    from vanilla_transformer.export.cli import export_onnx_command
+
+    command = summary["standard_layout_command"].split()
+    assert command[0] == "vt-export-onnx"
+    standard = export_onnx_command(command[1:])  # the printed command writes the standard layout
+    assert (standard / "onnx" / "decoder_model_merged_quantized.onnx").is_file()
 
 
 def _optimizer_groups(checkpoint) -> list[dict]:

@@ -110,12 +110,12 @@ BAD_CATALOGS = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_CATALOGS))
-def test_bad_catalogs_give_one_line_and_status_2(case, tmp_path, capsys):
+def test_bad_catalogs_give_one_line_and_status_2(case, export_dir, tmp_path, capsys):
     text, message = BAD_CATALOGS[case]
     bad = tmp_path / "bad.po"
     bad.write_text(text, encoding="utf-8")
     output = tmp_path / "out.po"
-    status, err = run_cli(capsys, bad, output, "--model", tmp_path / "no-model", "--target_lang", "de")
+    status, err = run_cli(capsys, bad, output, "--model", export_dir, "--target_lang", "de")
     assert status == 2
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert err.startswith("vt-translate-po: error: ")
@@ -125,34 +125,34 @@ def test_bad_catalogs_give_one_line_and_status_2(case, tmp_path, capsys):
     assert not output.exists()
 
 
-def test_binary_file_named_po(tmp_path, capsys):
+def test_binary_file_named_po(export_dir, tmp_path, capsys):
     bad = tmp_path / "bad.po"
     bad.write_bytes(b"\xde\x12\x04\x95" + bytes(range(256)))
-    status, err = run_cli(capsys, bad, tmp_path / "out.po", "--model", tmp_path, "--target_lang", "de")
+    status, err = run_cli(capsys, bad, tmp_path / "out.po", "--model", export_dir, "--target_lang", "de")
     assert status == 2 and "bad.po: this is a compiled .mo catalog named .po; rename it to .mo" in err
 
 
-def test_unknown_language_without_plural_rule(pot, tmp_path, capsys):
-    status, err = run_cli(capsys, pot, tmp_path / "out.po", "--model", tmp_path, "--target_lang", "tlh")
+def test_unknown_language_without_plural_rule(pot, export_dir, tmp_path, capsys):
+    status, err = run_cli(capsys, pot, tmp_path / "out.po", "--model", export_dir, "--target_lang", "tlh")
     assert status == 2 and "no plural rule is known for language 'tlh'" in err and "--plural_forms" in err
 
 
-def test_output_in_a_missing_folder(pot, tmp_path, capsys):
-    status, err = run_cli(capsys, pot, tmp_path / "missing" / "de.po", "--model", tmp_path, "--target_lang", "de")
+def test_output_in_a_missing_folder(pot, export_dir, tmp_path, capsys):
+    status, err = run_cli(capsys, pot, tmp_path / "missing" / "de.po", "--model", export_dir, "--target_lang", "de")
     assert status == 2 and "does not exist; create it first" in err
 
 
-def test_output_equal_to_input_needs_in_place(pot, tmp_path, capsys):
-    status, err = run_cli(capsys, pot, pot, "--model", tmp_path, "--target_lang", "de")
+def test_output_equal_to_input_needs_in_place(pot, export_dir, tmp_path, capsys):
+    status, err = run_cli(capsys, pot, pot, "--model", export_dir, "--target_lang", "de")
     assert status == 2 and "--in_place" in err
-    status, err = run_cli(capsys, pot, "--model", tmp_path, "--target_lang", "de")
+    status, err = run_cli(capsys, pot, "--model", export_dir, "--target_lang", "de")
     assert status == 2 and "no OUTPUT given" in err
-    status, err = run_cli(capsys, pot, "--output", pot, "--model", tmp_path, "--target_lang", "de")
+    status, err = run_cli(capsys, pot, "--output", pot, "--model", export_dir, "--target_lang", "de")
     assert status == 2 and "--in_place" in err
 
 
-def test_no_language(pot, tmp_path, capsys):
-    status, err = run_cli(capsys, pot, tmp_path / "de.po", "--model", tmp_path)
+def test_no_language(pot, export_dir, tmp_path, capsys):
+    status, err = run_cli(capsys, pot, tmp_path / "de.po", "--model", export_dir)
     assert status == 2 and "pass --target_lang" in err
 
 
@@ -160,6 +160,65 @@ def test_not_a_model_folder(pot, tmp_path, capsys):
     status, err = run_cli(capsys, pot, tmp_path / "de.po", "--model", tmp_path, "--target_lang", "de")
     assert status == 2 and "neither an ONNX export" in err
     assert not (tmp_path / "de.po").exists()
+
+
+def test_the_model_folder_is_checked_before_the_catalog(tmp_path, capsys):
+    """A missing --model is reported before anything is read from the catalog (here: one that does not parse)."""
+    bad = tmp_path / "bad.po"
+    bad.write_text(BAD_CATALOGS["syntax"][0], encoding="utf-8")
+    status, err = run_cli(capsys, bad, tmp_path / "out.po", "--model", tmp_path / "no-model", "--target_lang", "de")
+    assert status == 2 and err.startswith("vt-translate-po: error: --model ") and "no such folder" in err
+
+
+def with_pair(export_dir, tmp_path, source: str, target: str):
+    """A copy of the export whose manifest names the pair `source`-`target`."""
+    import json
+
+    folder = tmp_path / f"{source}-{target}"
+    shutil.copytree(export_dir, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "source_lang": source, "target_lang": target}))
+    return folder
+
+
+def test_a_model_for_another_language_is_refused(export_dir, pot, tmp_path, capsys):
+    """An en→de export asked for a French catalog (by flag or by the catalog's Language) exits 2 and writes
+    nothing; a regional variant of its own language (de_AT) is accepted."""
+    en_de = with_pair(export_dir, tmp_path, "en", "de")
+    output = tmp_path / "fr.po"
+    status, err = run_cli(capsys, pot, output, "--model", en_de, "--target_lang", "fr")
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert "translates en→de, but --target_lang asks for 'fr'" in err and "into fr" in err
+    assert not output.exists()
+    french = tmp_path / "fr-header.po"
+    french.write_text(POT.replace('"Content-Type', '"Language: fr\\n"\n"Content-Type'), encoding="utf-8")
+    status, err = run_cli(capsys, french, output, "--model", en_de)
+    assert status == 2 and "the catalog's Language asks for 'fr'" in err and not output.exists()
+    status, err = run_cli(capsys, pot, tmp_path / "de_AT.po", "--model", en_de, "--target_lang", "de_AT")
+    assert status == 0, err
+
+
+def test_pytorch_folders_come_from_a_registered_backend(pot, tmp_path, capsys, monkeypatch):
+    """The runtime finds the PyTorch path through the entry point the full package registers, never by importing
+    it; without that entry point a model folder gets a one-line error that names the export command."""
+    from importlib.metadata import entry_points
+
+    from vanilla_transformer_ort import po_cli
+
+    (backend,) = [e for e in entry_points(group=po_cli.BACKEND_GROUP) if e.name == po_cli.PYTORCH_BACKEND]
+    assert backend.value == "vanilla_transformer.inference:load_batch_translator"
+    import re
+    from pathlib import Path
+
+    main_package = re.compile(r"^\s*(from vanilla_transformer[ .]|import vanilla_transformer\b(?!_))", re.MULTILINE)
+    runtime = Path(po_cli.__file__).parent
+    importers = [p.name for p in runtime.rglob("*.py") if main_package.search(p.read_text(encoding="utf-8"))]
+    assert importers == [], f"the runtime imports the main package in {importers}"
+    from tests.onnx_helpers import trained_model_dir
+
+    monkeypatch.setattr(po_cli, "registered_backend", lambda name: None)
+    status, err = run_cli(capsys, pot, tmp_path / "de.po", "--model", trained_model_dir(), "--target_lang", "de")
+    assert status == 2 and "needs the vanilla-transformer package" in err and "vt-export-onnx --model" in err
 
 
 def test_console_script_runs_without_torch(export_dir, pot, tmp_path):

@@ -122,7 +122,7 @@ def test_end_to_end(tmp_path, toy_data_dir, capsys, monkeypatch):
 
 
 def test_missing_tokenizer_and_input_are_clear_errors(tmp_path, toy_data_dir, capsys):
-    with pytest.raises(ValueError, match="No tokenizer: pass --tokenizer_name"):
+    with pytest.raises(ValueError, match="no tokenizer: pass --tokenizer_name"):
         load_script("train").main(["--train_file", str(toy_data_dir / "train.tsv"), "--output_dir", str(tmp_path)])
     with pytest.raises(SystemExit):
         load_script("translate").main(["--model", str(tmp_path), "--input_file", str(tmp_path / "none.txt")])

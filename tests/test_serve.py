@@ -442,8 +442,10 @@ def test_sigterm_finishes_accepted_requests_and_refuses_new_ones(oracle):
         with pytest.raises(httpx.TransportError):
             httpx.get(f"{url}/health", timeout=2)
         logs = process.stderr.read()
-        access = [json.loads(line.split(": ", 1)[1]) for line in logs.splitlines() if ".serve.access: " in line]
+        access = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]  # the access log's lines
         assert any(entry["path"] == "/translate" and entry["status"] == 200 for entry in access), logs
+        assert all(set(entry) == {"time", "method", "path", "status", "ms", "client"} for entry in access), access
+        assert ".serve.access" not in logs  # no logger prefix: every access line is bare JSON
         assert "not installed: uvicorn falls back" not in logs  # the serve extra brings uvloop and httptools
     finally:
         process.kill()
@@ -534,7 +536,16 @@ def test_pair_from_the_manifest_and_from_training_info(tmp_path):
     (folder / "manifest.json").write_text(json.dumps({**manifest, "source_lang": "en", "target_lang": "fr"}))
     spec = parse_model_spec(folder)
     assert (spec.source, spec.target, spec.folder) == ("en", "fr", folder)
-    assert parse_model_spec(f"de-en={folder}").pair == "de-en"  # the command line wins
+    assert parse_model_spec(f"en-fr={folder}").pair == "en-fr"
+    assert parse_model_spec(f"en-fr_CA={folder}").pair == "en-fr_CA"  # a regional variant of the folder's target
+    with pytest.raises(ValueError, match=r"^de-en=.*translates en→fr .*name the pair it was trained for, en-fr="):
+        parse_model_spec(f"de-en={folder}")  # a pair the folder was not trained for
+    with pytest.raises(ValueError, match=r"'xx' is not a language pair; write SRC-TGT=FOLDER"):
+        parse_model_spec(f"xx={folder}")
+    plain = tmp_path / "plain"
+    shutil.copytree(trained_export_dir(), plain)
+    (plain / "manifest.json").write_text(json.dumps({k: v for k, v in manifest.items() if "lang" not in k}))
+    assert parse_model_spec(f"de-en={plain}").pair == "de-en"  # a folder that names no pair: the command line's
     (tmp_path / "training_info.json").write_text(json.dumps({"source_lang": "en", "target_lang": "de", "steps": 3}))
     assert _languages(tmp_path) == {"source_lang": "en", "target_lang": "de"}
     assert _languages(tmp_path / "missing") == {}
@@ -624,3 +635,18 @@ def test_a_batch_dependent_int8_folder_is_served_with_a_warning(caplog):
         with caplog.at_level("WARNING", logger="vanilla_transformer_ort.serve.service"):
             load_translators(tiny_spec(folder), ServeSettings(sessions=1, threads=1, batching=batching))
         assert ("--no_batching" in caplog.text) == warns, (folder, batching)
+
+
+def test_a_folder_of_another_layout_is_named(tmp_path):
+    """vt-serve given a PyTorch model folder or a standard-layout export says which it is and the command to run."""
+    from tests.onnx_helpers import trained_model_dir
+    from vanilla_transformer_ort.serve.models import parse_model_spec
+
+    with pytest.raises(ValueError, match=r"is a PyTorch model folder .*vt-export-onnx --model MODEL --output OUT"):
+        parse_model_spec(f"en-de={trained_model_dir()}")
+    standard = tmp_path / "standard"
+    (standard / "onnx").mkdir(parents=True)
+    (standard / "config.json").write_text("{}")
+    (standard / "onnx" / "decoder_model_merged.onnx").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"standard layout of Optimum and transformers.js"):
+        parse_model_spec(f"en-de={standard}")

@@ -26,6 +26,7 @@ from .cli_parsers import CONFIG_FILE, _hf_parser, _parser, check_model_folder
 from .progress import show_package_progress
 
 MODEL_CARD_TEMPLATE = Path(__file__).resolve().parents[1] / "model_card.md"  # at the root of a checkout
+MARIAN_MODEL_CARD_TEMPLATE = MODEL_CARD_TEMPLATE.with_name("model_card_marian.md")  # for --format marian
 
 
 def train_command(argv: list[str] | None = None) -> dict[str, Any]:
@@ -158,7 +159,7 @@ def evaluate_command(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--output", "--output_file", help="Also write the translations to this file.")
     parser.add_argument("--device")
     args = parser.parse_args(argv)
-    check_model_folder(args.model)
+    check_model_folder(args.model, must_exist=True)  # before the test file: the cheaper mistake first
 
     from .inference import evaluate_translations, load_translation_model
     from .training.data import read_parallel_file
@@ -200,7 +201,7 @@ def translate_command(argv: list[str] | None = None) -> list[str]:
     args = parser.parse_args(argv)
     if args.input and not Path(args.input).is_file():
         parser.error(f"--input {args.input} does not exist")
-    check_model_folder(args.model)
+    check_model_folder(args.model, must_exist=True)
 
     from .inference import load_translation_model, translate
     from .training.data import read_text_file
@@ -266,6 +267,7 @@ def main_job_command(argv: list[str] | None = None) -> dict[str, Any]:
           f"model in {summary['model_dir']}")  # fmt: skip
     if "serve_command" in summary:
         print(f"Serve it (pip install -e '.[serve]'): {summary['serve_command']}")
+    print(f"For Optimum, transformers.js and the browser: {summary['standard_layout_command']}")
     return summary
 
 
@@ -297,6 +299,39 @@ def convert_marian_command(argv: list[str] | None = None):
     return report
 
 
+def export_marian_command(argv: list[str] | None = None) -> Path:
+    """Export a trained model folder as a native MarianMT folder, exactly (the inverse of vt-convert-marian).
+
+    The folder loads with transformers' `MarianMTModel` / `AutoModelForSeq2SeqLM` and `AutoTokenizer` without this
+    package or remote model code. Inputs and outputs must stay shorter than --max_positions tokens (Marian's
+    positional table is fixed). For CTranslate2 use vt-export-ctranslate2: ct2-transformers-converter assumes
+    OPUS-MT's vocabulary and decoder start (docs/marian-export.md). The logic lives in
+    `vanilla_transformer.marian_export`.
+
+    Example:
+        vt-export-marian --model out/model --output out/model-marian
+        vt-export-marian --model out/model --output out/model-marian --max_positions 512 --overwrite
+    """
+    parser = _parser(export_marian_command, "vt-export-marian")
+    parser.add_argument("--model", required=True, help="Model folder (vt-train --output_dir).")
+    parser.add_argument("--output", "--output_dir", required=True, help="Folder to write.")
+    parser.add_argument("--tokenizer", help="Tokenizer folder (default: the model folder).")
+    parser.add_argument("--overwrite", action="store_true", help="Replace a non-empty --output folder.")
+    parser.add_argument(
+        "--max_positions", type=int, help="Rows of Marian's position table (default: max(1024, the model's length))."
+    )
+    args = parser.parse_args(argv)
+    check_model_folder(args.model, must_exist=True)
+
+    from .marian_export import save_marian, verify_export
+
+    output = save_marian(args.model, args.output, args.tokenizer, args.overwrite, args.max_positions)
+    difference = verify_export(args.model, output)
+    print(f"max |logits(MarianMTModel) - logits(this model)| on a random batch: {difference:.2e}")
+    print(f"Saved a MarianMTModel folder to {output}")
+    return output
+
+
 def push_to_hub_command(argv: list[str] | None = None) -> int:
     """Upload a trained model folder to the Hugging Face Hub with a filled-in model card.
 
@@ -305,19 +340,26 @@ def push_to_hub_command(argv: list[str] | None = None) -> int:
     Example:
         vt-push-to-hub --model runs/demo --repo_id user/en-de-transformer [--onnx runs/demo-onnx]
         vt-push-to-hub --model runs/demo --repo_id user/en-de-transformer --dry_run hub-folder
+        vt-push-to-hub --model runs/demo --repo_id user/en-de-marian --format marian  # native MarianMT, no remote code
     """
     parser = _parser(push_to_hub_command, "vt-push-to-hub")
     parser.add_argument("--model", required=True, help="Saved model folder (model, tokenizer, metrics).")
     parser.add_argument("--repo_id", required=True, help="Hub repository, 'user-or-org/name'.")
     parser.add_argument("--private", action="store_true", help="Create the repository as private.")
     parser.add_argument("--onnx", help="An ONNX export folder (vt-export-onnx) to upload under onnx/.")
+    add_flag_alias(parser, "--onnx", "--onnx_folder")
+    parser.add_argument(
+        "--format", default="vanilla_transformer", choices=("vanilla_transformer", "marian"),
+        help="vanilla_transformer: the model with its source (trust_remote_code); marian: the native MarianMT export "
+        "(vt-export-marian), loaded by transformers without remote code.",
+    )  # fmt: skip
     parser.add_argument("--revision", help="Branch to upload to (created if missing).")
     parser.add_argument("--commit_message", help="Commit message.")
     parser.add_argument(
         "--dry_run", metavar="OUT", help="Write the folder that would be uploaded to OUT; send nothing."
     )
     parser.add_argument(
-        "--template", default=str(MODEL_CARD_TEMPLATE), help="Model card template (default: model_card.md)."
+        "--template", help="Model card template (default: model_card.md; model_card_marian.md with --format marian)."
     )
     parser.add_argument("--source_lang", help="Source language code for the card (default: from training_info.json).")
     parser.add_argument("--target_lang", help="Target language code for the card (default: from training_info.json).")
@@ -328,6 +370,9 @@ def push_to_hub_command(argv: list[str] | None = None) -> int:
     from .hub import prepare_hub_folder, push_to_hub
 
     card = dict(source_lang=args.source_lang, target_lang=args.target_lang, dataset=args.dataset, license=args.license)
+    card["hub_format"] = args.format
+    if args.template is None:
+        args.template = str(MARIAN_MODEL_CARD_TEMPLATE if args.format == "marian" else MODEL_CARD_TEMPLATE)
     try:
         check_model_folder(args.model)
         if args.dry_run:
@@ -372,4 +417,5 @@ translate_main = _console_script(translate_command, "vt-translate")
 average_checkpoints_main = _console_script(average_checkpoints_command, "vt-average-checkpoints")
 main_job_main = _console_script(main_job_command, "vt-main-job")
 convert_marian_main = _console_script(convert_marian_command, "vt-convert-marian")
+export_marian_main = _console_script(export_marian_command, "vt-export-marian")
 push_to_hub_main = _console_script(push_to_hub_command, "vt-push-to-hub")

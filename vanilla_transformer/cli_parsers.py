@@ -52,13 +52,18 @@ def _hf_parser(dataclass_types: tuple | type, command: Callable, prog: str, debu
     return parser
 
 
-def check_model_folder(path: str, flag: str = "--model") -> None:
+def check_model_folder(path: str, flag: str = "--model", must_exist: bool = False) -> None:
     """A user error when `path` is an existing folder that holds no saved model (an ONNX export, an empty folder);
-    a missing path is left to the loader, whose FileNotFoundError names it."""
+    a missing path is one too with `must_exist`, else it is left to the loader (a Hub id, a FileNotFoundError)."""
     folder = Path(path)
     if not folder.is_dir():
+        if must_exist:
+            raise UserError(f"{flag} {path}: no such folder; pass the --output_dir of vt-train")
         return
     if (folder / ONNX_ENCODER_FILE).is_file():
-        raise UserError(f"{flag} {path} is an ONNX export folder, not a model folder; use vt-translate-onnx on it")
+        raise UserError(
+            f"{flag} {path} is an ONNX export folder, not a model folder; pass the model folder it was exported from "
+            "(vt-translate-onnx translates with an export)"
+        )
     if not (folder / CONFIG_FILE).is_file():
         raise UserError(f"{flag} {path} is not a model folder (no {CONFIG_FILE}); pass the --output_dir of vt-train")

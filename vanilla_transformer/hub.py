@@ -55,13 +55,15 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 SKIPPED = re.compile(r"^(checkpoint-\d+|runs|optimizer\.pt|scheduler\.pt|rng_state.*\.pth|training_args\.bin)$")
 METRIC_FILES = ("all_results.json", "test_results.json", "predict_results.json", "eval_results.json")
 TRAINING_INFO = "training_info.json"
+# What `vt-push-to-hub --format` uploads: this package's model with its source, or the native MarianMT export.
+HUB_FORMATS = ("vanilla_transformer", "marian")
 
 
 def check_model_folder(model_dir: str | Path) -> Path:
     """The folder must hold a saved model of this package and its tokenizer; the error lists what is missing."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
-        raise FileNotFoundError(f"Model folder {str(model_dir)!r} does not exist.")
+        raise FileNotFoundError(f"model folder {model_dir} does not exist; pass the --output_dir of vt-train")
     missing = [name for name in ("config.json", "generation_config.json") if not (model_dir / name).exists()]
     if not any((model_dir / name).exists() for name in WEIGHT_FILES):
         missing.append("model.safetensors")
@@ -181,6 +183,8 @@ def _yaml_front_matter(context: dict[str, Any]) -> str:
     if context["languages"]:
         lines += ["language:"] + [f"  - {lang}" for lang in context["languages"]]
     lines += ["tags:", "  - translation", "  - vanilla-transformer", "  - attention-is-all-you-need"]
+    if context.get("hub_format") == "marian":
+        lines.append("  - marian")
     if context["dataset"] != "unknown":
         lines += ["datasets:", f"  - {context['dataset']}"]
     results = context["results"]
@@ -274,9 +278,17 @@ def prepare_hub_folder(
     repo_id: str,
     template_path: str | Path,
     onnx_dir: str | Path | None = None,
+    hub_format: str = "vanilla_transformer",
     **card_kwargs: Any,
 ) -> list[str]:
-    """Write exactly the folder that would be uploaded; returns its files (relative paths, sorted)."""
+    """Write exactly the folder that would be uploaded; returns its files (relative paths, sorted).
+
+    `hub_format` "vanilla_transformer" uploads the model with its source (loaded with `trust_remote_code=True`);
+    "marian" uploads the native MarianMT folder of `marian_export.save_marian`, which transformers loads without
+    remote code (docs/marian-export.md).
+    """
+    if hub_format not in HUB_FORMATS:
+        raise ValueError(f"Unknown hub format {hub_format!r}; choose one of {', '.join(HUB_FORMATS)}.")
     model_dir = check_model_folder(model_dir)
     check_repo_id(repo_id)
     template_path = Path(template_path)
@@ -289,21 +301,61 @@ def prepare_hub_folder(
         raise FileExistsError(f"Output folder {str(output_dir)!r} is not empty.")
     output_dir.mkdir(parents=True, exist_ok=True)
 
-    for path in sorted(model_dir.iterdir()):
-        if path.is_file() and not SKIPPED.match(path.name) and path.name not in CODE_FILES:
-            shutil.copy2(path, output_dir / path.name)
-    for name in CODE_FILES:  # the package's own source, so the code matches the installed version
-        shutil.copy2(MODEL_DIR / name, output_dir / name)
-    config = json.loads((output_dir / "config.json").read_text())
-    config["auto_map"] = {**config.get("auto_map", {}), **AUTO_MAP}
-    config["custom_pipelines"] = CUSTOM_PIPELINES
-    (output_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if hub_format == "marian":
+        _write_marian_folder(model_dir, output_dir)
+    else:
+        for path in sorted(model_dir.iterdir()):
+            if path.is_file() and not SKIPPED.match(path.name) and path.name not in CODE_FILES:
+                shutil.copy2(path, output_dir / path.name)
+        for name in CODE_FILES:  # the package's own source, so the code matches the installed version
+            shutil.copy2(MODEL_DIR / name, output_dir / name)
+        config = json.loads((output_dir / "config.json").read_text())
+        config["auto_map"] = {**config.get("auto_map", {}), **AUTO_MAP}
+        config["custom_pipelines"] = CUSTOM_PIPELINES
+        (output_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if onnx_dir is not None:
         shutil.copytree(onnx_dir, output_dir / "onnx")
 
     context = card_context(model_dir, repo_id, onnx=onnx_dir is not None, **card_kwargs)
+    if hub_format == "marian":
+        context.update(_marian_card_context(output_dir))
     (output_dir / "README.md").write_text(render_model_card(template_path.read_text(), context))
     return sorted(str(p.relative_to(output_dir)) for p in output_dir.rglob("*") if p.is_file())
+
+
+def _write_marian_folder(model_dir: Path, output_dir: Path) -> None:
+    """The native MarianMT folder (`marian_export.save_marian`) and the run's metric and training records."""
+    from .marian_export import save_marian
+
+    save_marian(model_dir, output_dir)
+    for name in (*METRIC_FILES, TRAINING_INFO):
+        if (model_dir / name).is_file():
+            shutil.copy2(model_dir / name, output_dir / name)
+
+
+def _marian_card_context(marian_dir: Path) -> dict[str, str]:
+    """What the MarianMT card says beyond the common card: the position limit and whether CTranslate2's own converter
+    reads the folder exactly (`marian_export.ctranslate2_converter_issues`)."""
+    from .marian_export import ctranslate2_converter_issues
+
+    issues = ctranslate2_converter_issues(marian_dir)
+    if issues:
+        ctranslate2_note = (
+            "CTranslate2's `ct2-transformers-converter` does not convert this folder exactly: it assumes OPUS-MT's "
+            f"conventions, and here {'; '.join(issues)}. Convert the original model with `vt-export-ctranslate2` "
+            "from the vanilla-transformer package instead, which is exact."
+        )
+    else:
+        ctranslate2_note = (
+            "The folder follows OPUS-MT's conventions, which CTranslate2's converter assumes, so it converts exactly: "
+            "`ct2-transformers-converter --model DOWNLOADED_FOLDER --output_dir ct2`."
+        )
+    config = json.loads((marian_dir / "config.json").read_text())
+    return {
+        "hub_format": "marian",
+        "max_positions": str(config["max_position_embeddings"]),
+        "ctranslate2_note": ctranslate2_note,
+    }
 
 
 def resolve_token(token: str | None = None) -> str:

@@ -76,6 +76,18 @@ def translate(
     return results
 
 
+def load_batch_translator(
+    path: str | os.PathLike, num_beams: int | None = None, threads: int = 1, device: str | None = None
+):
+    """`translate_batch(texts) -> translations` over a trained model folder: the PyTorch backend the runtime's
+    commands (`vt-translate-po --model FOLDER`) find under the `vanilla_transformer_ort.backends` entry point."""
+    torch.set_num_threads(threads)
+    model, tokenizer = load_translation_model(path, device=device)
+    return lambda batch: translate(
+        model, tokenizer, list(batch), batch_size=max(len(batch), 1), num_beams=num_beams, show_progress=False
+    )
+
+
 def evaluate_translations(
     model: PreTrainedModel, tokenizer, sources: Sequence[str], references: Sequence[str], **translate_kwargs
 ) -> tuple[dict[str, float], list[str]]:

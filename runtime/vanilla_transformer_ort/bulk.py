@@ -18,7 +18,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
-from .contract import CONFIG_FILE, DECODER_FILE, ENCODER_FILE
+from .contract import CONFIG_FILE, DECODER_FILE, ENCODER_FILE, EXPORT_AGAIN
 from .translator import OrtTranslator, load_tokenizer, settings_from_folder
 
 DEFAULT_CHUNK_SIZE = 1000  # lines read, sorted and translated together; a chunk goes to one worker
@@ -96,10 +96,10 @@ def check_export_folder(folder: str | os.PathLike) -> None:
     without loading any graph: worker processes then fail on nothing the parent could have reported."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise ValueError(f"Export folder {folder} does not exist")
+        raise ValueError(f"export folder {folder} does not exist; pass a folder vt-export-onnx wrote")
     for name in (ENCODER_FILE, DECODER_FILE, CONFIG_FILE):
         if not (folder / name).is_file():
-            raise ValueError(f"Export folder {folder} has no {name}; re-run export/export_onnx.py")
+            raise ValueError(f"export folder {folder} has no {name}; {EXPORT_AGAIN}")
     load_tokenizer(folder)
     settings_from_folder(folder)
 

@@ -136,13 +136,26 @@ def one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
+def error_style(message: str) -> str:
+    """`message` in the commands' one style, git's: one line, starting lower-case (a capitalised first word such as
+    "Cannot" becomes "cannot"; a name such as "ONNX", a path or a flag stays as it is), no closing full stop. Python
+    callers of the library get its messages unchanged; this only shapes the command-line line."""
+    text = one_line(message)
+    first = text.split(" ", 1)[0]
+    if len(first) > 1 and first[0].isupper() and first[1:].isalpha() and first[1:].islower():
+        text = text[0].lower() + text[1:]
+    if text.endswith(".") and not text.endswith(".."):
+        text = text[:-1]
+    return text
+
+
 def describe_error(error: BaseException) -> str:
-    """One line for a user error: the message, or for an OS error the file and its cause."""
+    """One line for a user error, in `error_style`: the message, or for an OS error the file and its cause."""
     if isinstance(error, OSError) and error.filename is not None and error.strerror:
-        return one_line(f"{error.filename}: {error.strerror}; check the path")
+        return error_style(f"{error.filename}: {error.strerror}; check the path")
     if isinstance(error, ImportError) and error.name and not str(error).count("pip install"):
-        return one_line(f"{error}; install the missing package ({error.name}) with pip")
-    return one_line(str(error) or type(error).__name__)
+        return error_style(f"{error}; install the missing package ({error.name}) with pip")
+    return error_style(str(error) or type(error).__name__)
 
 
 # Exceptions that are the user's to fix: bad values, and OSError (a missing, unreadable or unwritable file, a full
@@ -157,6 +170,15 @@ def is_user_error(error: BaseException) -> bool:
     if isinstance(error, ImportError):
         return bool(error.name) and error.name.split(".")[0] not in ("vanilla_transformer", "vanilla_transformer_ort")
     return False
+
+
+_debug_run = False  # whether the command `run_cli` is running was given --debug
+
+
+def debug_requested() -> bool:
+    """Whether the running command was given `--debug` (or `VT_DEBUG=1`): commands then also show what they
+    otherwise keep quiet, such as the warnings of the libraries they call."""
+    return _debug_run or os.environ.get(DEBUG_ENVIRONMENT_VARIABLE, "") not in ("", "0")
 
 
 def run_cli(
@@ -175,11 +197,13 @@ def run_cli(
         prog: the command's name for error messages.
         debug_flag: whether `--debug` is this helper's flag (False for vt-train, where it is transformers').
     """
+    global _debug_run
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = os.environ.get(DEBUG_ENVIRONMENT_VARIABLE, "") not in ("", "0")
     if debug_flag and "--debug" in argv:
         debug = True
         argv = [arg for arg in argv if arg != "--debug"]
+    _debug_run = debug
     try:
         result = command(argv)
     except KeyboardInterrupt:
@@ -192,4 +216,6 @@ def run_cli(
             raise
         print(f"{prog}: error: {describe_error(error)}", file=sys.stderr)
         return USAGE_ERROR
+    finally:
+        _debug_run = False
     return result if isinstance(result, int) and not isinstance(result, bool) else 0

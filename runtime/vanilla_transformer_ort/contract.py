@@ -104,3 +104,7 @@ def past_name(present: str) -> str:
 def reordered_name(past: str) -> str:
     """`cache_reorder.onnx`'s output for a cache input: `past_key_values.{i}.…` -> `reordered.{i}.…`."""
     return past.replace(f"{PAST_PREFIX}.", f"{REORDERED_PREFIX}.", 1)
+
+
+# What an error about an incomplete or unreadable export folder tells the user to do.
+EXPORT_AGAIN = "export the model again: vt-export-onnx --model MODEL_FOLDER --output EXPORT_FOLDER"

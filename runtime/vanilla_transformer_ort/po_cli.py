@@ -24,6 +24,7 @@ from .catalog import (
 )
 from .cli_common import make_parser, positive_int, run_cli
 from .contract import CONFIG_FILE, ENCODER_FILE
+from .languages import check_target_language
 from .placeholders import STYLES
 from .protected_translation import DEFAULT_RETRY, DEFAULT_STYLE, STRATEGIES
 
@@ -69,37 +70,57 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_translate_batch(folder: str, num_beams: int | None, threads: int, provider: str) -> Callable:
-    """`translate_batch` over an ONNX export folder (onnxruntime) or a PyTorch model folder (torch, lazily)."""
+# Model folders other than ONNX exports are read by a backend that another distribution registers under this
+# entry-point group: `vanilla-transformer` registers `pytorch` (its PyTorch model folders). The runtime never imports
+# that package itself, so it stays torch-free and the dependency points one way only.
+BACKEND_GROUP = "vanilla_transformer_ort.backends"
+PYTORCH_BACKEND = "pytorch"
+
+
+def registered_backend(name: str) -> Callable | None:
+    """The loader registered as `name` in `BACKEND_GROUP`, or None when no installed distribution provides it."""
+    from importlib.metadata import entry_points
+
+    for entry_point in entry_points(group=BACKEND_GROUP):
+        if entry_point.name == name:
+            return entry_point.load()
+    return None
+
+
+def check_model_folder(folder: str) -> Path:
+    """The --model folder, checked without loading anything: an ONNX export or a model folder (config.json)."""
     path = Path(folder)
     if not path.is_dir():
-        raise CatalogError(f"{path}: no such model folder; pass an ONNX export or a trained model folder to --model")
+        raise CatalogError(f"--model {path}: no such folder; pass an ONNX export (vt-export-onnx) or a model folder")
+    if not (path / ENCODER_FILE).is_file() and not (path / CONFIG_FILE).is_file():
+        raise CatalogError(
+            f"--model {path}: neither an ONNX export ({ENCODER_FILE}) nor a model folder ({CONFIG_FILE}); pass the "
+            "folder vt-export-onnx or training wrote"
+        )
+    return path
+
+
+def load_translate_batch(folder: str, num_beams: int | None, threads: int, provider: str) -> Callable:
+    """`translate_batch` over an ONNX export folder (onnxruntime) or a model folder (a registered backend)."""
+    path = check_model_folder(folder)
     if (path / ENCODER_FILE).is_file():
         from .translator import OrtTranslator
 
         translator = OrtTranslator(path, provider=provider, intra_op_num_threads=threads)
         return lambda batch: translator.translate(list(batch), num_beams=num_beams)
-    if not (path / CONFIG_FILE).is_file():
-        raise CatalogError(f"{path}: neither an ONNX export ({ENCODER_FILE}) nor a model folder ({CONFIG_FILE})")
-    try:
-        import torch
-
-        from vanilla_transformer.inference import load_translation_model, translate
-    except ImportError:
+    loader = registered_backend(PYTORCH_BACKEND)
+    if loader is None:
         raise CatalogError(
-            f"{path}: a PyTorch model folder needs torch and vanilla-transformer; install them or export the folder "
-            "with vt-export-onnx and pass the export"
-        ) from None
-    torch.set_num_threads(threads)
-    model, tokenizer = load_translation_model(path, device="cpu" if provider == "cpu" else None)
-    return lambda batch: translate(
-        model, tokenizer, list(batch), batch_size=len(batch), num_beams=num_beams, show_progress=False
-    )
+            f"--model {path}: a PyTorch model folder needs the vanilla-transformer package (with torch); install it, "
+            f"or export the folder with vt-export-onnx --model {path} --output EXPORT and pass EXPORT"
+        )
+    return loader(path, num_beams=num_beams, threads=threads, device="cpu" if provider == "cpu" else None)
 
 
 def command(argv: list[str]) -> int:
     """Check everything cheap first (paths, catalog, flags, plural rule), then load the model and translate."""
     args = build_parser().parse_args(argv)
+    check_model_folder(args.model)
     input_path = Path(args.input)
     if args.output is not None and args.output_flag is not None and args.output != args.output_flag:
         raise CatalogError(f"{input_path}: two outputs given ({args.output}, {args.output_flag}); pass one")
@@ -117,6 +138,7 @@ def command(argv: list[str]) -> int:
     language = args.target_lang or catalog.metadata.get("Language", "").strip()
     if not language:
         raise CatalogError(f"{input_path}: the catalog names no Language; pass --target_lang (e.g. de)")
+    check_target_language(args.model, language, "--target_lang" if args.target_lang else "the catalog's Language")
     check_flags(catalog, input_path)
     resolve_plural_forms(catalog, input_path, language, args.plural_forms, any(e.msgid_plural for e in entries))
 

@@ -11,7 +11,10 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 DEFAULT_SESSION_CONFIG = {"session.force_spinning_stop": "1"}
 # onnxruntime graph fusions skipped on the CPU provider (see `create_session`): their fused kernels are slower here.
 CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion", "MatMulScaleFusion")
-INSTALL_HINT = 'pip install "vanilla-transformer-ort[cpu]" (or "vanilla-transformer-ort[gpu]" for CUDA)'
+INSTALL_HINT = (
+    'pip install onnxruntime (onnxruntime-gpu for CUDA); from a checkout, pip install "./runtime[cpu]" (or '
+    '"./runtime[gpu]")'
+)
 
 
 def import_onnxruntime():

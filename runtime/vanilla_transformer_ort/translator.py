@@ -24,6 +24,7 @@ from .contract import (
     CONFIG_FILE,
     DECODER_FILE,
     ENCODER_FILE,
+    EXPORT_AGAIN,
     GENERATION_CONFIG_FILE,
     INPLACE_DECODER_FILE,
     INPUT_IDS,
@@ -37,6 +38,7 @@ from .contract import (
     past_name,
 )
 from .decoder_state import BoundState, InPlaceState, NumpyState
+from .layouts import CTRANSLATE2, OPTIMUM, VANILLA, check_layout
 from .marian_tokenizer import MarianSentencePieceTokenizer, is_marian_tokenizer_folder
 from .search import DecoderState, GenerationSettings, beam_search, greedy_search
 from .sessions import PROVIDERS, create_session, resolve_provider, session_options, shared_table
@@ -129,8 +131,8 @@ def load_tokenizer(folder: Path):
     if is_marian_tokenizer_folder(folder):
         return MarianSentencePieceTokenizer(folder)
     raise ValueError(
-        f"Export folder {folder} has no tokenizer.json (nor Marian's source.spm, target.spm, vocab.json); "
-        "re-run export/export_onnx.py"
+        f"export folder {folder} has no tokenizer.json (nor Marian's source.spm, target.spm, vocab.json); "
+        f"{EXPORT_AGAIN}"
     )
 
 
@@ -200,16 +202,17 @@ class OrtTranslator:
     ):
         self.folder = Path(folder)
         if not self.folder.is_dir():
-            raise ValueError(f"Export folder {self.folder} does not exist")
+            raise ValueError(f"export folder {self.folder} does not exist; pass a folder vt-export-onnx wrote")
+        check_layout(self.folder, VANILLA, refuse=(OPTIMUM, CTRANSLATE2))  # the other ONNX layout, or CTranslate2
         for name in (ENCODER_FILE, DECODER_FILE, CONFIG_FILE):
             if not (self.folder / name).is_file():
-                raise ValueError(f"Export folder {self.folder} has no {name}; re-run export/export_onnx.py")
+                raise ValueError(f"export folder {self.folder} has no {name}; {EXPORT_AGAIN}")
         self.tokenizer = load_tokenizer(self.folder)
         manifest_path = self.folder / MANIFEST_FILE
         self.manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else {}
         for name in self.manifest.get("files", {}):  # the graphs' external weights, which onnxruntime reads
             if name.endswith(".onnx.data") and not (self.folder / name).is_file():
-                raise ValueError(f"Export folder {self.folder} has no {name}; re-run export/export_onnx.py")
+                raise ValueError(f"export folder {self.folder} has no {name}; {EXPORT_AGAIN}")
         requested = resolve_provider(provider)
         providers = [requested] if requested == PROVIDERS["cpu"] else [requested, PROVIDERS["cpu"]]
         # fp32 folders store the shared embedding once; on CPU every session reads one buffer of it (elsewhere

@@ -8,18 +8,29 @@ user errors as one line on stderr with exit status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import logging
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from vanilla_transformer_ort.cli_common import UserError, make_parser, run_cli
+from vanilla_transformer_ort.cli_common import UserError, debug_requested, make_parser, run_cli
 
 from .. import __version__
 
-EXPORT_ONNX_DOC = """Export a trained model folder to ONNX (encoder, one-step decoder and helper graphs) for
-onnxruntime serving. Graphs, names and shapes are documented in export/README.md."""
+EXPORT_ONNX_DOC = """Export a trained model folder to ONNX. --layout vanilla (the default): this package's runtime
+layout (encoder, one-step decoder and helper graphs; export/README.md). --layout optimum: the standard layout that
+Optimum's ORTModelForSeq2SeqLM and transformers.js read (onnx/encoder_model.onnx, onnx/decoder_model_merged.onnx and a
+MarianMT-shaped config; docs/onnx-standard-layout.md)."""
 EXPORT_ONNX_EXAMPLE = """vt-export-onnx --model runs/base --output onnx/base --validate
 vt-export-onnx --model runs/base --output onnx/base-int8 --quantize int8 --validate
-vt-export-onnx --model runs/base --output onnx/base-fp16 --dtype fp16"""
+vt-export-onnx --model runs/base --output onnx/base-fp16 --dtype fp16
+vt-export-onnx --model runs/base --output hub/base --layout optimum --quantize int8"""
+# Options that only the vanilla layout takes (the standard layout is fp32, with optional int8 files beside it).
+VANILLA_ONLY_OPTIONS = ("dtype", "decoder_cache", "int8_activations", "validate", "tolerance")
 
 EXPORT_CTRANSLATE2_DOC = """Export a trained model folder to a CTranslate2 model folder, with CTranslate2's own
 converter API. Options, the length limit and measured speed are in export/README.md ("CTranslate2")."""
@@ -36,58 +47,123 @@ def _export_parser(prog: str, doc: str, example: str, output_help: str) -> argpa
     return parser
 
 
-def export_onnx_command(argv: list[str] | None = None) -> dict[str, Any]:
-    """`export_model`, then `validate_folder` with `--validate`; prints the files written and returns the manifest.
-    Errors raise (`export_onnx_main` turns user errors into one line and exit status 2)."""
+@contextlib.contextmanager
+def quiet_exporter(quiet: bool = True) -> Iterator[None]:
+    """Keep torch's ONNX exporter quiet: its progress lines on stdout, its warnings and its log records (notes
+    about torchvision, axis names, pre-processing and deprecations that a user cannot act on). `--debug` shows them
+    all."""
+    if not quiet:
+        yield
+        return
+    # the root logger too: onnxruntime's quantizer logs its advice there
+    names = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", None)
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels, strict=True):
+                logger.setLevel(level)
+
+
+def export_onnx_command(argv: list[str] | None = None) -> dict[str, Any] | Path:
+    """`export_model`, then `validate_folder` with `--validate`; prints the files written and returns the manifest
+    (with `--layout optimum`: `export_standard_layout`, returns the folder). A non-empty `--output` is refused in
+    both layouts unless `--overwrite`. Errors raise (`export_onnx_main` turns user errors into one line and exit
+    status 2)."""
     from .onnx_export import export_model
     from .onnx_graphs import DEFAULT_OPSET
+    from .onnx_standard_layout import check_output_dir
     from .onnx_validation import FP32_TOLERANCE, validate_folder
 
     parser = _export_parser("vt-export-onnx", EXPORT_ONNX_DOC, EXPORT_ONNX_EXAMPLE, "export folder to write")
-    parser.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32", help="fp16 is meant for GPU serving")
+    parser.add_argument(
+        "--layout",
+        choices=["vanilla", "optimum"],
+        default="vanilla",
+        help="vanilla: this package's runtime layout; optimum: the standard layout of Optimum and transformers.js",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists and is not empty")
+    parser.add_argument("--dtype", choices=["fp32", "fp16"], default=None, help="fp16 is meant for GPU serving")
     parser.add_argument("--quantize", choices=["int8"], default=None, help="dynamic int8 quantization (CPU)")
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET)
     parser.add_argument(
         "--decoder_cache",
         choices=["inplace", "copy"],
-        default="inplace",
+        default=None,
         help="inplace (fp32, int8): also write decoder_model_inplace.onnx, whose cache is written in place (the "
         "runtime's default on CPU); copy: only the decoder that copies its cache every step",
     )
     parser.add_argument(
         "--int8_activations",
         choices=["row", "tensor"],
-        default="row",
+        default=None,
         help="with --quantize int8: one activation scale per row (default; a sentence's output does not depend on "
         "its batch) or per tensor",
     )
     parser.add_argument("--validate", action="store_true", help="compare onnxruntime with PyTorch on a shape grid")
-    parser.add_argument("--tolerance", type=float, default=FP32_TOLERANCE, help="max abs difference allowed (fp32)")
+    parser.add_argument("--tolerance", type=float, default=None, help="max abs difference allowed (fp32)")
     args = parser.parse_args(argv)
+    if args.layout == "optimum":
+        return _export_standard_layout(args)
+    check_output_dir(Path(args.output), args.overwrite)
 
     try:
-        manifest = export_model(
-            args.model,
-            args.output,
-            dtype=args.dtype,
-            quantize=args.quantize,
-            opset=args.opset,
-            tokenizer_dir=args.tokenizer,
-            decoder_cache=args.decoder_cache,
-            int8_activations=args.int8_activations,
-        )
+        with quiet_exporter(not debug_requested()):
+            manifest = export_model(
+                args.model,
+                args.output,
+                dtype=args.dtype or "fp32",
+                quantize=args.quantize,
+                opset=args.opset,
+                tokenizer_dir=args.tokenizer,
+                decoder_cache=args.decoder_cache or "inplace",
+                int8_activations=args.int8_activations or "row",
+            )
         if args.validate:
-            manifest = validate_folder(args.model, args.output, tolerance=args.tolerance)
+            manifest = validate_folder(args.model, args.output, tolerance=args.tolerance or FP32_TOLERANCE)
     except OSError as error:  # read-only or full disk, missing permissions: name the file and the cause
         where = error.filename or args.output
         raise UserError(f"cannot write or read {where}: {error.strerror or error} (--output {args.output})") from error
-    print(f"Exported to {args.output} (opset {manifest['opset']}, {manifest['dtype']}, {manifest['quantization']})")
+    quantization = manifest["quantization"] or "not quantized"
+    print(f"Exported to {args.output} (opset {manifest['opset']}, {manifest['dtype']}, {quantization})")
+    width = max(len(name) for name in manifest["files"])
     for name, size in manifest["files"].items():
-        print(f"  {name:28s} {size / 2**20:9.2f} MiB")
+        print(f"  {name:{width}s} {size / 2**20:9.2f} MiB")
     for variant, diffs in manifest.get("validation", {}).items():
         rounded = {kind: float(f"{value:.3g}") for kind, value in diffs.items()}
         print(f"  max |onnxruntime - PyTorch| {variant}: {json.dumps(rounded)}")
     return manifest
+
+
+def _export_standard_layout(args: argparse.Namespace) -> Path:
+    """`vt-export-onnx --layout optimum`: `export_standard_layout`; prints the files written and returns the folder."""
+    from .onnx_standard_layout import export_standard_layout
+
+    given = [f"--{name}" for name in VANILLA_ONLY_OPTIONS if getattr(args, name) not in (None, False)]
+    if given:
+        raise UserError(f"{', '.join(given)} applies to --layout vanilla only, not to --layout optimum")
+    try:
+        with quiet_exporter(not debug_requested()):
+            output = export_standard_layout(
+                args.model,
+                args.output,
+                quantize=args.quantize,
+                tokenizer_dir=args.tokenizer,
+                overwrite=args.overwrite,
+                opset=args.opset,
+            )
+    except OSError as error:
+        where = error.filename or args.output
+        raise UserError(f"cannot write or read {where}: {error.strerror or error} (--output {args.output})") from error
+    print(f"Exported to {output} (standard layout of Optimum and transformers.js, opset {args.opset})")
+    for path in sorted(p for p in output.rglob("*") if p.is_file()):
+        print(f"  {str(path.relative_to(output)):42s} {path.stat().st_size / 2**20:9.2f} MiB")
+    return output
 
 
 def export_ctranslate2_command(argv: list[str] | None = None):

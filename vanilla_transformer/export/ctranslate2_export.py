@@ -21,6 +21,7 @@ from ctranslate2.specs import common_spec, transformer_spec
 
 from vanilla_transformer_ort.contract import TOKENIZER_FILES
 
+from ..cli_parsers import check_model_folder
 from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..model.embeddings import sinusoidal_positional_encoding
 from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
@@ -268,6 +269,7 @@ def export_ctranslate2(
         raise ValueError(f"`quantization` must be one of {list(QUANTIZATIONS)} or None, got {quantization!r}.")
     if max_positions is not None and max_positions <= 0:
         raise ValueError(f"`max_positions` must be a positive integer, got {max_positions!r}.")
+    check_model_folder(str(model_dir), must_exist=True)
     converter = VanillaTransformerConverter(model_dir, tokenizer_dir=tokenizer_dir, max_positions=max_positions)
     output = Path(converter.convert(str(output_dir), quantization=quantization, force=force))
     tokenizer_folder = Path(tokenizer_dir) if tokenizer_dir is not None else Path(model_dir)

@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 
 from vanilla_transformer_ort.contract import (
-    CONFIG_FILE,
     DECODER_FILE,
     GRAPH_FILES,
     INPLACE_DECODER_FILE,
@@ -28,6 +27,7 @@ from vanilla_transformer_ort.contract import (
     external_data_file,
 )
 
+from ..cli_parsers import check_model_folder
 from .onnx_graphs import DEFAULT_OPSET, export_graphs
 from .onnx_helper_graphs import write_beam_scores_graph, write_cache_reorder_graph
 from .onnx_inplace_decoder import export_inplace_decoder
@@ -108,8 +108,7 @@ def export_model(
     if decoder_cache not in ("inplace", "copy"):
         raise ValueError(f"decoder_cache must be 'inplace' or 'copy', got {decoder_cache!r}")
     model_dir, output_dir = Path(model_dir), Path(output_dir)
-    if not (model_dir / CONFIG_FILE).is_file():
-        raise ValueError(f"{model_dir} is not a saved model folder (no config.json)")
+    check_model_folder(str(model_dir), must_exist=True)
     output_dir.mkdir(parents=True, exist_ok=True)
     copy_tokenizer(Path(tokenizer_dir) if tokenizer_dir else model_dir, output_dir)
 

@@ -20,10 +20,10 @@ def last_checkpoints(run_dir: str | os.PathLike, count: int) -> list[Path]:
     """The `count` newest `checkpoint-<step>` folders of a training run, oldest first."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"Training output folder not found: {run_dir}.")
+        raise FileNotFoundError(f"training output folder {run_dir} not found; pass the folder of a vt-train run")
     found = numbered_checkpoints(run_dir, complete_only=True)
     if count < 1:
-        raise ValueError(f"The number of checkpoints to average must be >= 1 (got {count}).")
+        raise ValueError(f"the number of checkpoints to average must be >= 1, got {count}")
     if len(found) < count:
         raise ValueError(
             f"{run_dir} has {len(found)} complete checkpoints, fewer than the {count} requested; lower "

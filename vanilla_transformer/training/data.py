@@ -108,9 +108,7 @@ def read_parallel_file(path: str | os.PathLike, source_lang: str, target_lang: s
 
 def _require_file(path: Path) -> None:
     if not path.is_file():
-        raise FileNotFoundError(
-            f"Data file not found: {path}. Check the --train_file/--validation_file/--test_file path."
-        )
+        raise FileNotFoundError(f"data file {path} not found; check the path")
 
 
 def _missing_columns_error(path: Path, found: Iterable[str], source_lang: str, target_lang: str) -> ValueError:
@@ -203,8 +201,8 @@ def _read_moses(prefix: Path, source_lang: str, target_lang: str) -> tuple[list[
     for candidate in (source_path, target_path):
         if not candidate.is_file():
             raise FileNotFoundError(
-                f"Data file not found: {candidate}. A path without a .tsv/.csv/.json/.jsonl suffix is read as a "
-                f"Moses prefix: {prefix}.{source_lang} and {prefix}.{target_lang} must both exist."
+                f"data file {candidate} not found; a path without a .tsv/.csv/.json/.jsonl suffix is read as a "
+                f"Moses prefix: {prefix}.{source_lang} and {prefix}.{target_lang} must both exist"
             )
     sources = read_text_file(source_path).splitlines()
     targets = read_text_file(target_path).splitlines()

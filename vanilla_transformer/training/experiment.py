@@ -76,11 +76,22 @@ def load_tokenizer(data_args: DataArguments, model_args: ModelArguments):
     name = data_args.tokenizer_name or model_args.model_name_or_path
     if not name:
         raise ValueError(
-            "No tokenizer: pass --tokenizer_name (train one with scripts/train_tokenizer.py) or --model_name_or_path."
+            "no tokenizer: pass --tokenizer_name (train one with vt-train-tokenizer) or --model_name_or_path"
         )
-    if not Path(name).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise ValueError(f"Tokenizer folder {name!r} does not exist (and the Hub is offline).")
+    if not Path(name).exists() and (is_local_path(name) or os.environ.get("HF_HUB_OFFLINE") == "1"):
+        flag = "--tokenizer_name" if data_args.tokenizer_name else "--model_name_or_path"
+        offline = "" if is_local_path(name) else " (and the Hub is offline)"
+        raise ValueError(
+            f"tokenizer folder {name} does not exist{offline}; pass {flag} a folder vt-train-tokenizer or vt-train "
+            "wrote, or a Hub id"
+        )
     return AutoTokenizer.from_pretrained(name)
+
+
+def is_local_path(name: str) -> bool:
+    """Whether `name` can only be a path, never a Hub id (`owner/name`): absolute, relative to `.`, `..` or `~`, or
+    with more than one `/`."""
+    return name.startswith(("/", ".", "~")) or "\\" in name or name.count("/") > 1
 
 
 def build_model(model_args: ModelArguments, tokenizer) -> PreTrainedModel:

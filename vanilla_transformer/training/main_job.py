@@ -273,8 +273,15 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
         summary["onnx_examples"] = dict(zip(args.examples, onnx_translations, strict=True))
         summary["onnx_dir"] = str(output / "onnx")
         summary["serve_command"] = serve_command(output / "onnx", args.target_lang)
+    summary["standard_layout_command"] = standard_layout_command(model_dir, output / "onnx-standard")
     (output / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return summary
+
+
+def standard_layout_command(model_dir: Path, output_dir: Path) -> str:
+    """The command that writes the standard layout (MarianMT config and weights, Optimum's ONNX files with int8
+    beside them), for Optimum, transformers.js, the browser example and the Hub (docs/run-anywhere.md)."""
+    return f"vt-export-onnx --model {model_dir} --output {output_dir} --layout optimum --quantize int8"
 
 
 def serve_command(onnx_dir: Path, target_lang: str) -> str:

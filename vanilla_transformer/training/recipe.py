@@ -111,10 +111,10 @@ class NoamSchedule:
     """The multiplier of the peak learning rate for update `step`: Eq. (3)'s shape, 1.0 at the end of the warmup,
     then optionally a linear cooldown to zero over the last `cooldown` fraction of `total_steps` updates.
 
-    # Deviation from paper: the cooldown (off in vt-train) is not in the paper, whose runs end on Eq. (3)'s 1/√step
-    # and average checkpoints instead (§6.1). It is for runs with a fixed budget of steps or time: the main job cools
-    # down over its last 20 % and keeps the final weights, which scored above its averaged plain-schedule weights on
-    # its test split and out of domain, two seeds each (TRAINING.md, "Out of domain").
+    Deviation from paper: the cooldown (off in vt-train) is not in the paper, whose runs end on Eq. (3)'s 1/√step
+    and average checkpoints instead (§6.1). It is for runs with a fixed budget of steps or time: the main job cools
+    down over its last 20 % and keeps the final weights, which scored above its averaged plain-schedule weights on
+    its test split and out of domain, two seeds each (TRAINING.md, "Out of domain").
 
     A callable object rather than a closure, so that LambdaLR saves its state with each checkpoint. Under a time
     budget the total is not known in advance: `set_total_steps` moves it (and the cooldown with it) until the

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from contextlib import asynccontextmanager
+from datetime import datetime, timezone
 from typing import Any, Literal
 from urllib.parse import parse_qsl
 
@@ -26,6 +28,17 @@ from .. import __version__
 from .service import RequestError, TranslationService
 
 access_logger = logging.getLogger("vanilla_transformer_ort.serve.access")
+
+
+def configure_access_log(stream=None, level: int = logging.INFO) -> None:
+    """Write the access log as bare JSON lines on `stream` (default stderr): its own handler with no prefix, not the
+    root logger's format, so that every line parses as JSON (`jq`, log shippers). Its lines are INFO: a `level`
+    above that turns it off."""
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access_logger.handlers[:] = [handler]
+    access_logger.setLevel(max(level, logging.INFO))
+    access_logger.propagate = False
 
 
 # -- schema (documentation and validation of answers; requests are parsed by hand to accept JSON and forms alike) --
@@ -214,8 +227,8 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 class AccessLog:
-    """ASGI middleware: one JSON line per HTTP request (method, path, status, milliseconds, client) and the request
-    counter and latency histogram."""
+    """ASGI middleware: one JSON line per HTTP request (UTC time, method, path, status, milliseconds, client) and the
+    request counter and latency histogram."""
 
     def __init__(self, app, service: TranslationService):
         self.app = app
@@ -245,6 +258,7 @@ class AccessLog:
             access_logger.info(
                 json.dumps(
                     {
+                        "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
                         "method": scope.get("method"),
                         "path": path,
                         "status": status["code"],

@@ -90,14 +90,15 @@ def serve_command(argv: list[str]) -> None:
         import uvicorn  # noqa: F401
     except ImportError as error:
         raise UserError(
-            f"{error.name} is missing: install the serve extra, pip install 'vanilla-transformer-ort[cpu,serve]'"
+            f"{error.name} is missing: install the serve extra; from a checkout, pip install './runtime[cpu,serve]' "
+            "(or pip install -e '.[onnx,serve]' with the full package)"
         ) from None
     args = build_parser().parse_args(argv)
     if args.ray_replicas:
         run_on_ray(args)
         return
     server = build_server(args)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     missing = missing_fast_io()
     if missing:
         logging.getLogger(__name__).warning(
@@ -106,6 +107,14 @@ def serve_command(argv: list[str]) -> None:
             " and ".join(missing),
         )
     server.run()
+
+
+def configure_logging(level: str) -> None:
+    """Server messages as `time level logger: message`; the access log as bare JSON lines (`configure_access_log`)."""
+    from .app import configure_access_log
+
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_access_log(level=logging.getLevelName(level.upper()))
 
 
 def missing_fast_io(platform: str = sys.platform) -> list[str]:
@@ -130,11 +139,12 @@ def run_on_ray(args: argparse.Namespace) -> None:
         import ray  # noqa: F401
     except ImportError:
         raise UserError(
-            "Ray is missing: install the ray extra, pip install 'vanilla-transformer-ort[cpu,serve,ray]'"
+            "ray is missing: install the ray extra; from a checkout, pip install './runtime[cpu,serve,ray]' (or pip "
+            "install -e '.[onnx,serve,ray]' with the full package)"
         ) from None
     from .ray_serve import run_ray_serve
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     models = list(args.models) + list(args.model)
     if not models:
         raise UserError("no model to serve: pass an export folder (vt-serve FOLDER)")

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..contract import CONFIG_FILE, DECODER_FILE, ENCODER_FILE, MANIFEST_FILE, TOKENIZER_FILE
+from ..languages import check_pair, folder_languages
+from ..layouts import CTRANSLATE2, OPTIMUM, PYTORCH, VANILLA, check_layout
 from ..marian_tokenizer import is_marian_tokenizer_folder
 
 LANGUAGE_NAMES = {
@@ -47,6 +49,7 @@ def check_export_folder(folder: Path) -> None:
     """Raise ValueError naming the folder and the missing file when `folder` is not an ONNX export."""
     if not folder.is_dir():
         raise ValueError(f"{folder}: no such folder; pass an export folder written by vt-export-onnx")
+    check_layout(folder, VANILLA, refuse=(OPTIMUM, CTRANSLATE2, PYTORCH))  # names the kind of folder it is
     for name in (ENCODER_FILE, DECODER_FILE, CONFIG_FILE):
         if not (folder / name).is_file():
             raise ValueError(f"{folder} is not an ONNX export: it has no {name}; export it with vt-export-onnx")
@@ -65,30 +68,23 @@ def batch_dependent(folder: Path) -> bool:
     return isinstance(manifest, dict) and manifest.get("quantization") == "int8-dynamic"
 
 
-def _folder_languages(folder: Path) -> tuple[str, str] | None:
-    """(source, target) from the folder's manifest.json or training_info.json, if either names them."""
-    for name in (MANIFEST_FILE, "training_info.json"):
-        path = folder / name
-        if path.is_file():
-            try:
-                info = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            if isinstance(info, dict) and info.get("source_lang") and info.get("target_lang"):
-                return str(info["source_lang"]), str(info["target_lang"])
-    return None
-
-
 def parse_model_spec(spec: str | os.PathLike) -> ModelSpec:
-    """`FOLDER` (languages from its manifest) or `SRC-TGT=FOLDER` -> a checked `ModelSpec`; ValueError otherwise."""
+    """`FOLDER` (languages from its manifest) or `SRC-TGT=FOLDER` -> a checked `ModelSpec`; ValueError otherwise.
+
+    A pair on the command line must be the folder's own when its manifest names one."""
     text = os.fspath(spec)
     match = PAIR_SPEC.match(text)
     if match and not Path(text).exists():
         source, target, folder = match["source"], match["target"], Path(match["folder"])
+    elif "=" in text and not Path(text).exists():
+        name, _, folder_text = text.partition("=")
+        raise ValueError(
+            f"{text}: {name!r} is not a language pair; write SRC-TGT=FOLDER (for example en-de={folder_text})"
+        )
     else:
         folder = Path(text)
         check_export_folder(folder)
-        languages = _folder_languages(folder)
+        languages = folder_languages(folder)
         if languages is None:
             raise ValueError(
                 f"{folder}: its manifest.json names no source_lang/target_lang; name the pair on the command line "
@@ -99,6 +95,7 @@ def parse_model_spec(spec: str | os.PathLike) -> ModelSpec:
         if not LANGUAGE_CODE.match(code):
             raise ValueError(f"{text}: {code!r} is not a language code (ISO 639, for example 'en' or 'de')")
     check_export_folder(folder)
+    check_pair(folder, source, target)
     return ModelSpec(source, target, folder)
 
 

@@ -4,7 +4,7 @@ Ray Serve runs `build_app` once per replica (each loads its own sessions and bat
 to it, so the app's own cross-request batching applies inside every replica; Ray's `@serve.batch` is not used on
 top). `vt-serve FOLDER --ray_replicas N` starts it on a local Ray instance, or on a running cluster with
 `--ray_address auto`. Ray Data's `map_batches` with `TranslateBatch` translates a large file on every node of a
-cluster (`vt-translate-ray`). Needs the `ray` extra: `pip install "vanilla-transformer-ort[cpu,serve,ray]"`.
+cluster (`vt-translate-ray`). Needs the `ray` extra: `pip install "./runtime[cpu,serve,ray]"` from a checkout.
 """
 
 from __future__ import annotations
@@ -185,7 +185,9 @@ def translate_ray_command(argv: list[str]) -> None:
     try:
         import ray  # noqa: F401
     except ImportError:
-        raise ValueError("Ray is missing: pip install 'vanilla-transformer-ort[cpu,ray]'") from None
+        raise ValueError(
+            "ray is missing: install the ray extra; from a checkout, pip install './runtime[cpu,ray]'"
+        ) from None
     options = {"num_beams": args.num_beams} if args.num_beams else {}
     lines = translate_file_with_ray(
         args.model,
