@@ -17,7 +17,7 @@ from .bulk import DEFAULT_CHUNK_SIZE, Progress, count_lines, is_terminal, read_l
 from .cli_common import UserError, make_parser, positive_int, run_cli
 
 PROG = "vt-translate-onnx"
-DESCRIPTION = """Translate text with an ONNX export folder (export/export_onnx.py or vt-export-onnx), without torch.
+DESCRIPTION = """Translate text with an ONNX export folder (written by vt-export-onnx), without torch.
 
 Sentences come from the command line, from --input FILE or from stdin, one per line; translations go to stdout or
 --output FILE, one per line in input order. Files of any length stream through in chunks of --chunk_size lines
