@@ -11,6 +11,7 @@ from transformers import AutoModelForSeq2SeqLM
 
 from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
 from tests.training_fixtures import TINY_OVERRIDES_ARG
+from vanilla_transformer_ort.cli_common import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -127,7 +128,7 @@ def test_missing_tokenizer_and_input_are_clear_errors(tmp_path, toy_data_dir, ca
     with pytest.raises(SystemExit):
         load_script("translate").main(["--model", str(tmp_path), "--input_file", str(tmp_path / "none.txt")])
     assert "does not exist" in capsys.readouterr().err
-    with pytest.raises(FileNotFoundError, match="Model folder not found"):
+    with pytest.raises(UserError, match=r"--model \S*nope: no such folder; pass the --output_dir of vt-train"):
         load_script("evaluate").main(
             ["--model", str(tmp_path / "nope"), "--test_file", str(toy_data_dir / "test.tsv")]
         )
