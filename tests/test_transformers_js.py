@@ -3,7 +3,8 @@
 The oracle is the ecosystem's code: transformers.js (pinned in tests/js/package-lock.json) runs
 `pipeline("translation")` with onnxruntime-node on `export_standard_layout`'s folder, and `vanilla_transformer_ort`
 runs `export_model`'s folder of the same model; greedy, the same max_new_tokens, one sentence at a time. fp32 graphs
-are compared with our fp32 export, transformers.js's q8 (`*_quantized.onnx`) with our int8 export. Fixtures:
+are compared with our fp32 export, transformers.js's q8 (`*_quantized.onnx`) with our int8 export that quantizes
+activations per tensor as they do. Fixtures:
 tests/js_helpers.py.
 """
 
