@@ -14,8 +14,8 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianMTModel
 
 from tests.conftest import make_model
 from tests.onnx_helpers import SENTENCES, build_tokenizer, load_trained_model, trained_model_dir
-from vanilla_transformer.cli import export_marian_main
 from vanilla_transformer.convert import from_marian, interleave_permutation
+from vanilla_transformer.export.cli import export_marian_main
 from vanilla_transformer.marian_export import (
     FAST_TOKENIZER_CLASS,
     MIN_POSITIONS,
@@ -613,7 +613,7 @@ def test_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("vanilla_transformer.marian_export._write_tokenizer", fail)
+    monkeypatch.setattr("vanilla_transformer.marian_export.write_tokenizer", fail)
     with pytest.raises(OSError, match="disk full"):
         save_marian(folder, tmp_path / "out")
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []

@@ -299,39 +299,6 @@ def convert_marian_command(argv: list[str] | None = None):
     return report
 
 
-def export_marian_command(argv: list[str] | None = None) -> Path:
-    """Export a trained model folder as a native MarianMT folder, exactly (the inverse of vt-convert-marian).
-
-    The folder loads with transformers' `MarianMTModel` / `AutoModelForSeq2SeqLM` and `AutoTokenizer` without this
-    package or remote model code. Inputs and outputs must stay shorter than --max_positions tokens (Marian's
-    positional table is fixed). For CTranslate2 use vt-export-ctranslate2: ct2-transformers-converter assumes
-    OPUS-MT's vocabulary and decoder start (docs/marian-export.md). The logic lives in
-    `vanilla_transformer.marian_export`.
-
-    Example:
-        vt-export-marian --model out/model --output out/model-marian
-        vt-export-marian --model out/model --output out/model-marian --max_positions 512 --overwrite
-    """
-    parser = _parser(export_marian_command, "vt-export-marian")
-    parser.add_argument("--model", required=True, help="Model folder (vt-train --output_dir).")
-    parser.add_argument("--output", "--output_dir", required=True, help="Folder to write.")
-    parser.add_argument("--tokenizer", help="Tokenizer folder (default: the model folder).")
-    parser.add_argument("--overwrite", action="store_true", help="Replace a non-empty --output folder.")
-    parser.add_argument(
-        "--max_positions", type=int, help="Rows of Marian's position table (default: max(1024, the model's length))."
-    )
-    args = parser.parse_args(argv)
-    check_model_folder(args.model, must_exist=True)
-
-    from .marian_export import save_marian, verify_export
-
-    output = save_marian(args.model, args.output, args.tokenizer, args.overwrite, args.max_positions)
-    difference = verify_export(args.model, output)
-    print(f"max |logits(MarianMTModel) - logits(this model)| on a random batch: {difference:.2e}")
-    print(f"Saved a MarianMTModel folder to {output}")
-    return output
-
-
 def push_to_hub_command(argv: list[str] | None = None) -> int:
     """Upload a trained model folder to the Hugging Face Hub with a filled-in model card.
 
@@ -342,6 +309,8 @@ def push_to_hub_command(argv: list[str] | None = None) -> int:
         vt-push-to-hub --model runs/demo --repo_id user/en-de-transformer --dry_run hub-folder
         vt-push-to-hub --model runs/demo --repo_id user/en-de-marian --format marian  # native MarianMT, no remote code
     """
+    from .hub import HUB_FORMATS
+
     parser = _parser(push_to_hub_command, "vt-push-to-hub")
     parser.add_argument("--model", required=True, help="Saved model folder (model, tokenizer, metrics).")
     parser.add_argument("--repo_id", required=True, help="Hub repository, 'user-or-org/name'.")
@@ -349,7 +318,7 @@ def push_to_hub_command(argv: list[str] | None = None) -> int:
     parser.add_argument("--onnx", help="An ONNX export folder (vt-export-onnx) to upload under onnx/.")
     add_flag_alias(parser, "--onnx", "--onnx_folder")
     parser.add_argument(
-        "--format", default="vanilla_transformer", choices=("vanilla_transformer", "marian"),
+        "--format", default=HUB_FORMATS[0], choices=HUB_FORMATS,
         help="vanilla_transformer: the model with its source (trust_remote_code); marian: the native MarianMT export "
         "(vt-export-marian), loaded by transformers without remote code.",
     )  # fmt: skip
@@ -417,5 +386,4 @@ translate_main = _console_script(translate_command, "vt-translate")
 average_checkpoints_main = _console_script(average_checkpoints_command, "vt-average-checkpoints")
 main_job_main = _console_script(main_job_command, "vt-main-job")
 convert_marian_main = _console_script(convert_marian_command, "vt-convert-marian")
-export_marian_main = _console_script(export_marian_command, "vt-export-marian")
 push_to_hub_main = _console_script(push_to_hub_command, "vt-push-to-hub")

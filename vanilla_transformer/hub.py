@@ -16,6 +16,7 @@ from transformers.utils import logging
 
 from .model.configuration_vanilla_transformer import PRESETS
 from .model.modeling_vanilla_transformer import AUTO_MAP
+from .model.pipeline_vanilla_transformer import CUSTOM_PIPELINES
 from .training.tokenization import SAVED_TOKENIZER_FILES
 
 logger = logging.get_logger(__name__)
@@ -43,13 +44,6 @@ def remote_code_files(model_dir: Path = MODEL_DIR) -> tuple[str, ...]:
 
 
 CODE_FILES = remote_code_files()
-CUSTOM_PIPELINES = {
-    "translation": {
-        "impl": "pipeline_vanilla_transformer.TranslationPipeline",
-        "pt": ["AutoModelForSeq2SeqLM"],
-        "type": "text",
-    }
-}
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 # Files of a training output folder that do not belong on the Hub.
 SKIPPED = re.compile(r"^(checkpoint-\d+|runs|optimizer\.pt|scheduler\.pt|rng_state.*\.pth|training_args\.bin)$")

@@ -20,7 +20,6 @@ import copy
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -29,32 +28,21 @@ from transformers.activations import ACT2FN
 from transformers.utils import logging
 
 from .convert import MARIAN_LAYER_NORM_EPS, POSITION_TOLERANCE, _permute, interleave_permutation
+from .export.output_folder import check_output_dir, staged_output
+from .marian_export_tokenizer import FAST_TOKENIZER_CLASS, tokenizer_kind, write_tokenizer
 from .model.configuration_vanilla_transformer import VanillaTransformerConfig
 from .model.embeddings import sinusoidal_positional_encoding
 from .model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from .model.pipeline_vanilla_transformer import CUSTOM_PIPELINES
 
 logger = logging.get_logger(__name__)
 
 MIN_POSITIONS = 1024  # default rows of Marian's position table: max(MIN_POSITIONS, config.max_position_embeddings)
 DEFAULT_NUM_BEAMS = 4  # generation defaults written when the model's own generation config sets none (§6.1)
 DEFAULT_MAX_LENGTH = 512
-# The fast tokenizer's class as written in tokenizer_config.json: transformers 5 reads it as `TokenizersBackend`
-# (for model_type "marian" too, instead of the sentencepiece MarianTokenizer), transformers.js strips "Fast" and
-# builds its base `PreTrainedTokenizer` from tokenizer.json.
-FAST_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
-# A model imported from MarianMT keeps Marian's sentencepiece tokenizer; these files are copied as they are.
-MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json")
-OPTIONAL_MARIAN_TOKENIZER_FILES = ("target_vocab.json", "special_tokens_map.json")
 # transformers 5 removed pipeline("translation"); this transformers-only file (no model code) brings it back through
 # config.json's `custom_pipelines`, so the pipeline, and only it, needs `trust_remote_code=True`.
 PIPELINE_FILE = Path(__file__).resolve().parent / "model" / "pipeline_vanilla_transformer.py"
-CUSTOM_PIPELINES = {
-    "translation": {
-        "impl": f"{PIPELINE_FILE.stem}.TranslationPipeline",
-        "pt": ["AutoModelForSeq2SeqLM"],
-        "type": "text",
-    }
-}
 
 
 def default_max_positions(config: VanillaTransformerConfig) -> int:
@@ -233,82 +221,6 @@ def _load_model(model_or_dir) -> VanillaTransformerForConditionalGeneration:
     return VanillaTransformerForConditionalGeneration.from_pretrained(folder).eval()
 
 
-def _tokenizer_kind(folder: Path) -> str:
-    """ "fast" (tokenizer.json), "marian" (Marian's sentencepiece files) or a ValueError."""
-    if (folder / "tokenizer.json").is_file() and (folder / "tokenizer_config.json").is_file():
-        return "fast"
-    if all((folder / name).is_file() for name in MARIAN_TOKENIZER_FILES):
-        return "marian"
-    raise ValueError(
-        f"No tokenizer in {str(folder)!r}: expected tokenizer.json and tokenizer_config.json (or, for a model "
-        "imported from MarianMT, Marian's source.spm, target.spm, vocab.json); pass the tokenizer folder."
-    )
-
-
-def _special_tokens(tokenizer_file: Path, settings: dict, config: VanillaTransformerConfig) -> dict[str, str]:
-    """pad/bos/eos tokens of the tokenizer, checked against (or, where it names none, taken from) the model's ids."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    tokens = {}
-    for role in ("pad", "bos", "eos"):
-        token_id = getattr(config, f"{role}_token_id")
-        token_id = token_id[0] if isinstance(token_id, list) else token_id
-        token = settings.get(f"{role}_token")
-        token = token.get("content") if isinstance(token, dict) else token
-        if token is None:
-            if token_id is not None and tokenizer.id_to_token(token_id) is not None:
-                tokens[f"{role}_token"] = tokenizer.id_to_token(token_id)
-            continue
-        if token_id is not None and tokenizer.token_to_id(token) != token_id:
-            raise ValueError(
-                f"The tokenizer's {role}_token {token!r} has id {tokenizer.token_to_id(token)} but the model's "
-                f"{role}_token_id is {token_id}: not the tokenizer this model was trained with."
-            )
-    return tokens
-
-
-def _prefix_space_setting(tokenizer_file: Path) -> dict[str, bool]:
-    """`add_prefix_space` as the tokenizer's own pre-tokenizer sets it, for tokenizer_config.json.
-
-    transformers 4.x's `PreTrainedTokenizerFast` overwrites the pre-tokenizer's `add_prefix_space` with its own
-    keyword (default False) unless tokenizer_config.json names it; without this, the transformers that Optimum pins
-    would split the first word of every sentence differently from the model's training."""
-    pre_tokenizer = json.loads(tokenizer_file.read_text(encoding="utf-8")).get("pre_tokenizer") or {}
-    if "add_prefix_space" in pre_tokenizer:
-        return {"add_prefix_space": bool(pre_tokenizer["add_prefix_space"])}
-    return {}
-
-
-def _write_tokenizer(
-    source: Path, kind: str, output: Path, max_positions: int, config: VanillaTransformerConfig
-) -> None:
-    """The fast tokenizer with `tokenizer_class` = PreTrainedTokenizerFast and model_max_length = the position
-    table's rows, or Marian's sentencepiece files unchanged."""
-    if kind == "marian":
-        for name in MARIAN_TOKENIZER_FILES + OPTIONAL_MARIAN_TOKENIZER_FILES:
-            if (source / name).is_file():
-                shutil.copy2(source / name, output / name)
-        return
-    shutil.copy2(source / "tokenizer.json", output / "tokenizer.json")
-    settings = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
-    settings.update(_special_tokens(source / "tokenizer.json", settings, config))
-    settings["tokenizer_class"] = FAST_TOKENIZER_CLASS
-    settings.pop("auto_map", None)  # no remote tokenizer code
-    settings.update(_prefix_space_setting(source / "tokenizer.json"))
-    settings["model_max_length"] = min(int(settings.get("model_max_length") or max_positions), max_positions)
-    (output / "tokenizer_config.json").write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
-    if (source / "special_tokens_map.json").is_file():
-        shutil.copy2(source / "special_tokens_map.json", output / "special_tokens_map.json")
-
-
-def _check_output(output: Path, overwrite: bool) -> None:
-    if output.exists() and not output.is_dir():
-        raise ValueError(f"Output {str(output)!r} exists and is not a folder.")
-    if output.is_dir() and any(output.iterdir()) and not overwrite:
-        raise ValueError(f"Output folder {str(output)!r} exists and is not empty; pass overwrite=True (--overwrite).")
-
-
 def save_marian(
     model_or_dir: VanillaTransformerForConditionalGeneration | str | os.PathLike,
     output_dir: str | os.PathLike,
@@ -334,31 +246,23 @@ def save_marian(
         The output folder.
     """
     output = Path(output_dir)
-    _check_output(output, overwrite)
+    check_output_dir(output, overwrite)
     model_folder = _model_folder(model_or_dir, max_positions)  # the cheap checks first, weights last
     if tokenizer_dir is None and model_folder is None:
         raise ValueError("Pass tokenizer_dir with a model instance: the export needs the tokenizer's files.")
     tokenizer_folder = Path(tokenizer_dir) if tokenizer_dir is not None else model_folder
     if not tokenizer_folder.is_dir():
         raise FileNotFoundError(f"Tokenizer folder {str(tokenizer_folder)!r} does not exist.")
-    kind = _tokenizer_kind(tokenizer_folder)
+    kind = tokenizer_kind(tokenizer_folder)
     model = _load_model(model_or_dir)
     marian = to_marian(model, max_positions)
     table_rows = marian.config.max_position_embeddings
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
+    with staged_output(output) as stage:
         marian.config.custom_pipelines = CUSTOM_PIPELINES
-        marian.save_pretrained(staging)
-        _write_tokenizer(tokenizer_folder, kind, staging, table_rows, model.config)
-        shutil.copy2(PIPELINE_FILE, staging / PIPELINE_FILE.name)
-        if output.exists():
-            shutil.rmtree(output)
-        staging.rename(output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        marian.save_pretrained(stage)
+        write_tokenizer(tokenizer_folder, kind, stage, table_rows, model.config)
+        shutil.copy2(PIPELINE_FILE, stage / PIPELINE_FILE.name)
     logger.info("Wrote MarianMTModel folder %s (%d positions)", output, table_rows)
     return output
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -31,6 +30,7 @@ from vanilla_transformer_ort.layouts import (
 )
 
 from .onnx_graphs import DEFAULT_OPSET
+from .output_folder import check_output_dir, staged_output
 
 QUANTIZED_SUFFIX = "_quantized"  # transformers.js's name for a dynamic int8 graph: encoder_model_quantized.onnx
 QUANTIZATIONS = ("int8",)
@@ -62,14 +62,6 @@ def standard_layout_files(folder: str | os.PathLike, quantized: bool = False) ->
                              f"optimum{option} --model MODEL --output OUT`")  # fmt: skip
         paths[role] = path
     return paths
-
-
-def check_output_dir(output_dir: Path, overwrite: bool) -> None:
-    """Refuse an output folder that exists and holds files unless `overwrite`; refuse a path that is a file."""
-    if output_dir.exists() and not output_dir.is_dir():
-        raise ValueError(f"--output {output_dir} is a file, not a folder")
-    if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
-        raise ValueError(f"--output {output_dir} exists and is not empty; pass --overwrite to replace it")
 
 
 def check_exportable(model: torch.nn.Module, limit: int = MAX_GRAPH_BYTES) -> None:
@@ -175,10 +167,7 @@ def export_standard_layout(
 
     model = load_model_folder(model_dir, dtype=torch.float32).eval()
     check_exportable(model)
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
-    try:
-        stage = staging / "export"
+    with staged_output(output_dir) as stage:
         # config.json, model.safetensors (MarianMT's weights: the folder is a complete MarianMT model too),
         # generation_config.json and the tokenizer
         save_marian(model, stage, tokenizer_dir=tokenizer_dir)
@@ -188,15 +177,12 @@ def export_standard_layout(
         model.set_attn_implementation("eager")  # fuses into onnxruntime's FusedMatMul (see onnx_graphs)
         try:
             export_encoder(model, graphs / STANDARD_ENCODER_FILE, opset)
-            _save(build_merged_decoder(model, staging, opset), graphs / STANDARD_DECODER_FILE)
+            _save(build_merged_decoder(model, stage.parent, opset), graphs / STANDARD_DECODER_FILE)
         finally:
             model.set_attn_implementation(attn_implementation)
         if quantize == "int8":
             for name in (STANDARD_ENCODER_FILE, STANDARD_DECODER_FILE):
                 quantize_graph(graphs / name, graphs / quantized_name(name), is_decoder=name == STANDARD_DECODER_FILE)
-        _replace(stage, output_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return output_dir
 
 
@@ -206,18 +192,3 @@ def _save(model, path: Path) -> None:
     if model.ByteSize() >= MAX_GRAPH_BYTES:  # check_exportable's estimate missed: never write a broken file
         raise ValueError(f"{path.name} would be {model.ByteSize() / 2**30:.2f} GiB, over the 2 GB of one .onnx file")
     onnx.save(model, str(path))
-
-
-def _replace(stage: Path, output_dir: Path) -> None:
-    """Move the finished folder to `output_dir`; an existing one (checked by the caller) is replaced."""
-    if output_dir.is_dir():
-        old = output_dir.with_name(f".{output_dir.name}.replaced-{os.getpid()}")
-        output_dir.rename(old)
-        try:
-            stage.rename(output_dir)
-        except OSError:
-            old.rename(output_dir)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        stage.rename(output_dir)

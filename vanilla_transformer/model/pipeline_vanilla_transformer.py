@@ -9,6 +9,16 @@ from typing import Any
 
 from transformers import Pipeline
 
+# config.json's `custom_pipelines` entry that points `pipeline("translation", ..., trust_remote_code=True)` at the
+# class below, in this file shipped beside the weights (the Hub folder, the MarianMT export).
+CUSTOM_PIPELINES = {
+    "translation": {
+        "impl": "pipeline_vanilla_transformer.TranslationPipeline",
+        "pt": ["AutoModelForSeq2SeqLM"],
+        "type": "text",
+    }
+}
+
 
 class TranslationPipeline(Pipeline):
     """Text in, translation out: tokenize, `generate()` (beam search settings from the model's generation config
