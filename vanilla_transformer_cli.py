@@ -34,6 +34,7 @@ def launcher(prog: str, target: str) -> Callable[[list[str] | None], int]:
 
 train_main = launcher("vt-train", "vanilla_transformer.cli:train_main")
 train_tokenizer_main = launcher("vt-train-tokenizer", "vanilla_transformer.cli:train_tokenizer_main")
+prepare_data_main = launcher("vt-prepare-data", "vanilla_transformer.cli:prepare_data_main")
 evaluate_main = launcher("vt-evaluate", "vanilla_transformer.cli:evaluate_main")
 translate_main = launcher("vt-translate", "vanilla_transformer.cli:translate_main")
 average_checkpoints_main = launcher("vt-average-checkpoints", "vanilla_transformer.cli:average_checkpoints_main")

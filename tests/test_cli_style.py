@@ -118,6 +118,13 @@ BAD_INPUTS = [
     ),  # fmt: skip
     ("vt-train-tokenizer", ["--output", "{tmp}/tok", "--vocab_size", "many"], ["--vocab_size", "many"]),
     ("vt-train-tokenizer", ["--output", "{tmp}/tok", "--train_file", "{tmp}/no.tsv"], ["data file", "check the path"]),
+    (
+        "vt-prepare-data",
+        ["--train_file", "{tmp}/no.tsv", "--tokenizer_name", "{tmp}", "--output", "{tmp}/p"],
+        ["data file", "check the path"],
+    ),
+    ("vt-prepare-data", ["--train_file", "t.tsv", "--tokenizer_name", "{tmp}"], ["--output"]),
+    ("vt-prepare-data", ["--output", "{tmp}/p", "--tokenizer_name", "{tmp}"], ["--train_file", "--dataset_name"]),
     ("vt-train", ["--output", "{tmp}/run", "--max_steps", "abc"], ["--max_steps", "abc"]),
     ("vt-train", ["--output_dir", "{tmp}/run", "--fp16", "--bf16"], ["--fp16 and --bf16"]),
     ("vt-main-job", ["--output", "{tmp}/job", "--time-budget-minutes", "soon"], ["--time_budget_minutes", "soon"]),

@@ -196,7 +196,7 @@ def _recipe(args, model):
 @torch.no_grad()
 def _mean_loss(model, trainer, dataset):
     model.eval()
-    batch = trainer.data_collator([{k: dataset[i][k] for k in ("input_ids", "attention_mask", "labels")}
+    batch = trainer.data_collator([{k: dataset[i][k] for k in ("input_ids", "labels")}
                                    for i in range(64)])  # fmt: skip
     return model(**batch).loss.item()
 
@@ -251,7 +251,7 @@ def test_label_smoothing_runs_in_the_model_loss_with_the_trainers_value(tmp_path
     args = _training_args(tmp_path, 1)
     trainer = build_trainer(model, tokenizer, args, _recipe(args, model), data["train"])
     assert trainer.label_smoother is None and trainer.model_label_smoothing == 0.1
-    batch = trainer.data_collator([{k: data["train"][i][k] for k in ("input_ids", "attention_mask", "labels")}
+    batch = trainer.data_collator([{k: data["train"][i][k] for k in ("input_ids", "labels")}
                                    for i in range(8)])  # fmt: skip
     model.eval()
     with torch.no_grad():

@@ -112,29 +112,79 @@ def train_tokenizer_command(argv: list[str] | None = None) -> Path:
     )
     args = parser.parse_args(argv)
 
-    from .training.data import DataArguments, load_parallel_data
+    from .training.data import DataArguments, iter_parallel_file, load_parallel_data
     from .training.tokenization import train_bpe_tokenizer
 
-    data_args = DataArguments(
-        source_lang=args.source_lang, target_lang=args.target_lang, train_file=args.train_file,
-        dataset_name=args.dataset_name, dataset_config_name=args.dataset_config_name,
-        gettext_locale_dir=args.gettext_locale_dir, gettext_min_pairs=args.gettext_min_pairs,
-        gettext_heldout_catalogs=args.gettext_heldout_catalogs, gettext_keep_identical=args.gettext_keep_identical,
-    )  # fmt: skip
-    train = load_parallel_data(data_args)["train"]  # the tokenizer never sees validation or test text
+    pairs = [0]
+    if args.train_file:  # streamed a line at a time: a corpus of any size, never in memory
 
-    def texts():
-        for batch in train.iter(batch_size=1000):
-            yield from batch["source"]
-            yield from batch["target"]
+        def texts():
+            for source, target in iter_parallel_file(args.train_file, args.source_lang, args.target_lang):
+                pairs[0] += 1
+                yield source
+                yield target
+
+    else:
+        data_args = DataArguments(
+            source_lang=args.source_lang, target_lang=args.target_lang, dataset_name=args.dataset_name,
+            dataset_config_name=args.dataset_config_name, gettext_locale_dir=args.gettext_locale_dir,
+            gettext_min_pairs=args.gettext_min_pairs, gettext_heldout_catalogs=args.gettext_heldout_catalogs,
+            gettext_keep_identical=args.gettext_keep_identical,
+        )  # fmt: skip
+        train = load_parallel_data(data_args)["train"]  # the tokenizer never sees validation or test text
+
+        def texts():
+            for batch in train.iter(batch_size=1000):
+                pairs[0] += len(batch["source"])
+                yield from batch["source"]
+                yield from batch["target"]
 
     tokenizer = train_bpe_tokenizer(
         texts(), vocab_size=args.vocab_size, min_frequency=args.min_frequency,
         model_max_length=args.model_max_length, show_progress=True, add_prefix_space=args.add_prefix_space,
     )  # fmt: skip
     tokenizer.save_pretrained(args.output)
-    print(f"Saved a {len(tokenizer)}-token tokenizer ({len(train)} training pairs) to {args.output}")
+    print(f"Saved a {len(tokenizer)}-token tokenizer ({pairs[0]} training pairs) to {args.output}")
     return Path(args.output)
+
+
+def prepare_data_command(argv: list[str] | None = None) -> Path:
+    """Prepare a corpus once, as fairseq-preprocess does: read the files (TSV, CSV, JSON lines, Moses; plain or .gz)
+    or the Hub dataset, tokenize, drop training pairs over the length limits, and write memory-mapped Arrow files
+    with a manifest into --output. `vt-train --prepared_data FOLDER` then starts from it in seconds, on every rank
+    and after every restart. The folder holds its tokenizer; running again with the same data, tokenizer and limits
+    reuses it.
+
+    Example:
+        vt-prepare-data --train_file data/train.tsv --validation_file data/valid.tsv --tokenizer_name out/tokenizer \
+            --output data/prepared --preprocessing_num_workers 2
+        vt-train --prepared_data data/prepared --output_dir out/model --preset base --do_train --max_tokens 4096
+    """
+    from .training.data import DataArguments
+
+    parser = _hf_parser(DataArguments, prepare_data_command, "vt-prepare-data")
+    add_flag_alias(parser, "--prepared_data", "--output")
+    add_flag_alias(parser, "--prepared_data", "--output_dir")
+    (data_args,) = parser.parse_args_into_dataclasses(argv)
+    if not data_args.prepared_data:
+        raise UserError("no folder to write: pass --output FOLDER (vt-train --prepared_data reads it)")
+    if not data_args.tokenizer_name:
+        raise UserError("no tokenizer: pass --tokenizer_name (train one with vt-train-tokenizer)")
+    if not (data_args.train_file or data_args.dataset_name):
+        raise UserError(
+            "no corpus to prepare: pass --train_file (and --validation_file/--test_file) or --dataset_name"
+        )
+
+    from .training.experiment import ModelArguments, load_tokenizer
+    from .training.prepared import prepare_corpus, sources_of
+
+    sources_of(data_args)  # the data files exist and have a known format: checked before the tokenizer loads
+    tokenizer = load_tokenizer(data_args, ModelArguments())
+    corpus = prepare_corpus(
+        data_args, tokenizer, folder=data_args.prepared_data, num_proc=data_args.preprocessing_num_workers
+    )
+    print(json.dumps({"prepared_data": str(corpus.folder), **corpus.stats}))
+    return Path(corpus.folder)
 
 
 def evaluate_command(argv: list[str] | None = None) -> dict[str, Any]:
@@ -381,6 +431,7 @@ def _console_script(
 
 train_main = _console_script(train_command, "vt-train", debug_flag=False)
 train_tokenizer_main = _console_script(train_tokenizer_command, "vt-train-tokenizer")
+prepare_data_main = _console_script(prepare_data_command, "vt-prepare-data")
 evaluate_main = _console_script(evaluate_command, "vt-evaluate")
 translate_main = _console_script(translate_command, "vt-translate")
 average_checkpoints_main = _console_script(average_checkpoints_command, "vt-average-checkpoints")

@@ -14,12 +14,15 @@ Every source ends up as a `datasets.DatasetDict` with string columns `source` an
 from __future__ import annotations
 
 import csv
+import gzip
 import io
+import itertools
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from datasets import Dataset, DatasetDict
 from transformers.utils import logging
@@ -42,7 +45,8 @@ class DataArguments:
     validation_file: str | None = field(default=None, metadata={"help": "Validation data, same formats."})
     test_file: str | None = field(default=None, metadata={"help": "Test data, same formats."})
     dataset_name: str | None = field(
-        default=None, metadata={"help": "Hub dataset with a `translation` column, e.g. wmt14 (needs internet)."}
+        default=None,
+        metadata={"help": "Hub dataset with a `translation` column, e.g. wmt14 (needs internet), or a local copy."},
     )
     dataset_config_name: str | None = field(default=None, metadata={"help": "Hub dataset config, e.g. de-en."})
     gettext_locale_dir: str = field(
@@ -74,36 +78,117 @@ class DataArguments:
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training pairs."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N validation pairs."})
     max_predict_samples: int | None = field(default=None, metadata={"help": "Keep only the first N test pairs."})
-    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for datasets.map."})
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "Processes that tokenize the corpus (datasets.map); default: this one."}
+    )
+    prepared_data: str | None = field(
+        default=None,
+        metadata={
+            "help": "Folder of the prepared (tokenized, memory-mapped) corpus: read from it when it was prepared from "
+            "the same files, tokenizer and limits, else prepared into it. Alone, it names a folder vt-prepare-data "
+            "wrote. Default for files and Hub datasets: a folder in datasets' cache."
+        },
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # Local files
 # --------------------------------------------------------------------------------------------------------------------
 
+PAIR_FILE_SUFFIXES = (".tsv", ".csv", ".json", ".jsonl")  # each also read gzip-compressed, with `.gz` after it
 
-def read_parallel_file(path: str | os.PathLike, source_lang: str, target_lang: str) -> Dataset:
-    """Read one split from a TSV/CSV/JSON-lines file or a Moses prefix into a `source`/`target` dataset.
+
+def pair_file_format(path: str | os.PathLike) -> str:
+    """How a `--train_file` value is read: "tsv", "csv", "json" (JSON lines) or "moses" (a prefix naming two files).
+
+    Raises:
+        ValueError: an existing file of another format (a Moses prefix is never itself a file).
+    """
+    path = Path(path)
+    name = path.name.lower().removesuffix(".gz")
+    for suffix in PAIR_FILE_SUFFIXES:
+        if name.endswith(suffix):
+            return {".jsonl": "json"}.get(suffix, suffix[1:])
+    if path.is_file():
+        raise ValueError(
+            f"{path}: unknown format {path.suffix or '(no suffix)'!r}; pass a .tsv, .csv, .json or .jsonl file (each "
+            "also as .gz), or a Moses prefix (data/train for data/train.en and data/train.de)"
+        )
+    return "moses"
+
+
+def moses_files(prefix: str | os.PathLike, source_lang: str, target_lang: str) -> tuple[Path, Path]:
+    """The two files of a Moses prefix (`prefix.en`, `prefix.de`, or their `.gz`); FileNotFoundError names both."""
+    found = []
+    for lang in (source_lang, target_lang):
+        candidates = [Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")]
+        existing = [candidate for candidate in candidates if candidate.is_file()]
+        if not existing:
+            raise FileNotFoundError(
+                f"data file {candidates[0]} not found; a path without a .tsv/.csv/.json/.jsonl suffix is read as a "
+                f"Moses prefix: {prefix}.{source_lang} and {prefix}.{target_lang} must both exist"
+            )
+        found.append(existing[0])
+    return found[0], found[1]
+
+
+def pair_file_paths(path: str | os.PathLike, source_lang: str, target_lang: str) -> list[Path]:
+    """The files a `--train_file` value reads (one, or two for a Moses prefix), checked to exist."""
+    if pair_file_format(path) == "moses":
+        return list(moses_files(path, source_lang, target_lang))
+    _require_file(Path(path))
+    return [Path(path)]
+
+
+def iter_parallel_file(
+    path: str | os.PathLike, source_lang: str, target_lang: str, limit: int | None = None
+) -> Iterator[tuple[str, str]]:
+    """Stream the (source, target) pairs of a TSV/CSV/JSON-lines file or a Moses prefix (plain or `.gz`), sides
+    stripped, pairs with an empty side skipped with one warning at the end; at most `limit` pairs. Nothing but the
+    current line is held in memory, so corpora of any size stream through.
 
     Raises:
         FileNotFoundError: the file (or one of the Moses pair) does not exist.
-        ValueError: the header lacks the language columns, or the file holds no pair.
+        ValueError: the header lacks the language columns, a line is malformed or not UTF-8 (named by file and
+            line), the Moses files are not parallel, or the file holds no pair.
     """
     path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix in (".tsv", ".csv"):
-        sources, targets = _read_delimited(path, source_lang, target_lang, delimiter="\t" if suffix == ".tsv" else ",")
-    elif suffix in (".json", ".jsonl"):
-        sources, targets = _read_json_lines(path, source_lang, target_lang)
+    kind = pair_file_format(path)
+    if kind in ("tsv", "csv"):
+        rows = _delimited_rows(path, source_lang, target_lang, delimiter="\t" if kind == "tsv" else ",")
+    elif kind == "json":
+        rows = _json_rows(path, source_lang, target_lang)
     else:
-        sources, targets = _read_moses(path, source_lang, target_lang)
-    pairs = [(s.strip(), t.strip()) for s, t in zip(sources, targets, strict=True)]
-    kept = [(s, t) for s, t in pairs if s and t]
-    if len(kept) < len(pairs):
-        logger.warning(f"{path}: skipped {len(pairs) - len(kept)} pairs with an empty side.")
+        rows = _moses_rows(path, source_lang, target_lang)
+    kept = skipped = 0
+    for source, target in rows:
+        source, target = source.strip(), target.strip()
+        if not (source and target):
+            skipped += 1
+            continue
+        if limit is not None and kept >= limit:
+            break
+        kept += 1
+        yield source, target
+    if skipped:
+        logger.warning(f"{path}: skipped {skipped} pairs with an empty side.")
     if not kept:
         raise ValueError(f"{path} holds no sentence pair ({source_lang}→{target_lang}); the corpus is empty.")
-    return Dataset.from_dict({"source": [s for s, _ in kept], "target": [t for _, t in kept]})
+
+
+def read_parallel_file(path: str | os.PathLike, source_lang: str, target_lang: str) -> Dataset:
+    """One split from a TSV/CSV/JSON-lines file or a Moses prefix as an in-memory `source`/`target` dataset (for test
+    sets and small corpora; training corpora are prepared on disk by `prepared.prepare_corpus`).
+
+    Raises:
+        FileNotFoundError: the file (or one of the Moses pair) does not exist.
+        ValueError: the header lacks the language columns, a line is malformed, or the file holds no pair.
+    """
+    sources, targets = [], []
+    for source, target in iter_parallel_file(path, source_lang, target_lang):
+        sources.append(source)
+        targets.append(target)
+    return Dataset.from_dict({"source": sources, "target": targets})
 
 
 def _require_file(path: Path) -> None:
@@ -118,6 +203,13 @@ def _missing_columns_error(path: Path, found: Iterable[str], source_lang: str, t
     )
 
 
+def _not_utf8_error(path: Path, line: int, column: int, byte: int) -> ValueError:
+    return ValueError(
+        f"{path}:{line}: byte 0x{byte:02x} at column {column} is not UTF-8; save the file as UTF-8 "
+        "(e.g. `iconv -f latin1 -t utf-8 in > out`)."
+    )
+
+
 def read_text_file(path: Path) -> str:
     """The whole file as UTF-8 text (a leading byte-order mark is dropped); a `ValueError` naming the file and line
     of the first byte that is not UTF-8."""
@@ -127,55 +219,101 @@ def read_text_file(path: Path) -> str:
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
         column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
-        raise ValueError(
-            f"{path}:{line}: byte 0x{data[error.start]:02x} at column {column} is not UTF-8; save the file as UTF-8 "
-            "(e.g. `iconv -f latin1 -t utf-8 in > out`)."
-        ) from None
+        raise _not_utf8_error(path, line, column, data[error.start]) from None
 
 
-def _read_delimited(path: Path, source_lang: str, target_lang: str, delimiter: str) -> tuple[list[str], list[str]]:
-    """Rows must have as many fields as the header: a stray tab (TSV) or comma (CSV) is an error naming the line,
-    since dropping or merging the extra field would train on a wrong pair."""
+def open_pair_file(path: str | os.PathLike) -> IO[str]:
+    """A data file opened as UTF-8 text (a leading byte-order mark dropped), gzip-compressed when it ends in `.gz`."""
+    path = Path(path)
+    if path.name.lower().endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+    return path.open(encoding="utf-8-sig", newline="")
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else path.open("rb")
+
+
+def _text_lines(path: Path) -> Iterator[str]:
+    """The file's lines decoded as UTF-8 (a leading byte-order mark dropped), without their line ends; a line that
+    is not UTF-8 is a `ValueError` naming file, line and column."""
     _require_file(path)
-    # TSV files carry no quoting (a quote is part of the text); CSV uses standard quoting.
-    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-    reader = csv.reader(io.StringIO(read_text_file(path), newline=""), delimiter=delimiter, quoting=quoting)
+    with _open_binary(path) as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as error:
+                raise _not_utf8_error(path, number, error.start + 1, raw[error.start]) from None
+            yield line.rstrip("\r\n")
+
+
+def _decoded_stream(path: Path) -> Iterator[str]:
+    """The file as a stream of UTF-8 lines with their line ends (for the csv module, which needs them inside quoted
+    fields); a byte that is not UTF-8 is located by line when the decoder stops on it."""
+    _require_file(path)
+    with _open_binary(path) as handle, io.TextIOWrapper(handle, encoding="utf-8-sig", newline="") as text:
+        try:
+            yield from text
+        except UnicodeDecodeError:
+            pass
+        else:
+            return
+    for _ in _text_lines(path):  # raises at the first line that is not UTF-8
+        pass
+    raise ValueError(f"{path} is not UTF-8; save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in > out`).")
+
+
+def _row_width_error(path: Path, line: int, row: list[str], header: list[str], delimiter: str) -> ValueError:
+    name = "tab" if delimiter == "\t" else "comma"
+    if len(row) > len(header):
+        fix = f"a {name} inside the text: " + ("quote that field." if delimiter == "," else "replace it by a space.")
+    else:
+        fix = f"a missing {name}" + (" or an unclosed quote." if delimiter == "," else ".")
+    return ValueError(
+        f"{path}:{line}: {len(row)} {name}-separated fields, but the header has {len(header)} "
+        f"({delimiter.join(header)!r}); probably {fix}"
+    )
+
+
+def _delimited_rows(path: Path, source_lang: str, target_lang: str, delimiter: str) -> Iterator[tuple[str, str]]:
+    """Rows must have as many fields as the header: a stray tab (TSV) or comma (CSV) is an error naming the line,
+    since dropping or merging the extra field would train on a wrong pair. TSV files carry no quoting (a quote is
+    part of the text), so a TSV line is split on tabs; CSV uses standard quoting through the csv module."""
+    if delimiter == "\t":
+        lines = _text_lines(path)
+        header = next(lines, "").split("\t")
+        if source_lang not in header or target_lang not in header:
+            raise _missing_columns_error(path, header, source_lang, target_lang)
+        source_column, target_column = header.index(source_lang), header.index(target_lang)
+        for number, line in enumerate(lines, start=2):
+            if not line:  # blank line
+                continue
+            row = line.split("\t")
+            if len(row) != len(header):
+                raise _row_width_error(path, number, row, header, delimiter)
+            yield row[source_column], row[target_column]
+        return
+    reader = csv.reader(_decoded_stream(path), delimiter=delimiter, quoting=csv.QUOTE_MINIMAL)
     header = next(reader, [])
     if source_lang not in header or target_lang not in header:
         raise _missing_columns_error(path, header, source_lang, target_lang)
     source_column, target_column = header.index(source_lang), header.index(target_lang)
-    name = "tab" if delimiter == "\t" else "comma"
-    sources, targets = [], []
-    rows = iter(reader)
     while True:
         try:
-            row = next(rows)
+            row = next(reader)
         except StopIteration:
-            break
+            return
         except csv.Error as error:  # e.g. a field over csv.field_size_limit(), an unclosed quote
             raise ValueError(f"{path}:{reader.line_num}: {error}.") from None
         if not row:  # blank line
             continue
         if len(row) != len(header):
-            if len(row) > len(header):
-                fix = f"a {name} inside the text: " + (
-                    "quote that field." if delimiter == "," else "replace it by a space."
-                )
-            else:
-                fix = f"a missing {name}" + (" or an unclosed quote." if delimiter == "," else ".")
-            raise ValueError(
-                f"{path}:{reader.line_num}: {len(row)} {name}-separated fields, but the header has {len(header)} "
-                f"({delimiter.join(header)!r}); probably {fix}"
-            )
-        sources.append(row[source_column])
-        targets.append(row[target_column])
-    return sources, targets
+            raise _row_width_error(path, reader.line_num, row, header, delimiter)
+        yield row[source_column], row[target_column]
 
 
-def _read_json_lines(path: Path, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
-    _require_file(path)
-    sources, targets = [], []
-    for line_number, line in enumerate(read_text_file(path).splitlines(), start=1):
+def _json_rows(path: Path, source_lang: str, target_lang: str) -> Iterator[tuple[str, str]]:
+    for line_number, line in enumerate(_text_lines(path), start=1):
         if not line.strip():
             continue
         try:
@@ -190,27 +328,21 @@ def _read_json_lines(path: Path, source_lang: str, target_lang: str) -> tuple[li
         for value in (record[source_lang], record[target_lang]):
             if not isinstance(value, str):
                 raise ValueError(f"{path}:{line_number}: expected text, got {type(value).__name__} {value!r}.")
-        sources.append(record[source_lang])
-        targets.append(record[target_lang])
-    return sources, targets
+        yield record[source_lang], record[target_lang]
 
 
-def _read_moses(prefix: Path, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
-    source_path = Path(f"{prefix}.{source_lang}")
-    target_path = Path(f"{prefix}.{target_lang}")
-    for candidate in (source_path, target_path):
-        if not candidate.is_file():
-            raise FileNotFoundError(
-                f"data file {candidate} not found; a path without a .tsv/.csv/.json/.jsonl suffix is read as a "
-                f"Moses prefix: {prefix}.{source_lang} and {prefix}.{target_lang} must both exist"
+def _moses_rows(prefix: Path, source_lang: str, target_lang: str) -> Iterator[tuple[str, str]]:
+    source_path, target_path = moses_files(prefix, source_lang, target_lang)
+    for count, (source, target) in enumerate(
+        itertools.zip_longest(_text_lines(source_path), _text_lines(target_path)), start=1
+    ):
+        if source is None or target is None:
+            shorter, longer = (source_path, target_path) if source is None else (target_path, source_path)
+            raise ValueError(
+                f"Moses files are not parallel: {shorter} has {count - 1} lines, {longer} has more; each line of "
+                f"one must translate the same line of the other."
             )
-    sources = read_text_file(source_path).splitlines()
-    targets = read_text_file(target_path).splitlines()
-    if len(sources) != len(targets):
-        raise ValueError(
-            f"Moses files are not parallel: {source_path} has {len(sources)} lines, {target_path} has {len(targets)}."
-        )
-    return sources, targets
+        yield source, target
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -325,44 +457,24 @@ def tokenize_parallel(
     max_target_length: int,
     num_proc: int | None = None,
 ) -> tuple[Dataset, int]:
-    """Tokenize `source`/`target` (batched `datasets.map`), drop over-length pairs, keep their lengths.
+    """Tokenize an in-memory `source`/`target` dataset and drop over-length pairs (`prepared.tokenize_pairs`; corpora
+    on disk are prepared with `prepared.prepare_corpus`).
 
     Returns:
-        The dataset with `input_ids`, `attention_mask`, `labels`, `source_length`, `target_length` and `length`
-        (the longer of the two, for `train_sampling_strategy="group_by_length"`), and the number of pairs dropped.
+        The dataset with `input_ids`, `labels`, `source_length`, `target_length` and `length` (the longer of the two,
+        for `train_sampling_strategy="group_by_length"`), and the number of pairs dropped.
     """
-    missing = {"source", "target"} - set(dataset.column_names)
-    if missing:
-        raise ValueError(f"Cannot tokenize: columns {sorted(missing)} are missing (found {dataset.column_names}).")
+    from .prepared import tokenize_pairs
 
-    def encode(batch):
-        encoded = tokenizer(batch["source"], text_target=batch["target"], truncation=False)
-        encoded["source_length"] = [len(ids) for ids in encoded["input_ids"]]
-        encoded["target_length"] = [len(ids) for ids in encoded["labels"]]
-        encoded["length"] = [
-            max(s, t) for s, t in zip(encoded["source_length"], encoded["target_length"], strict=True)
-        ]
-        return encoded
-
-    tokenized = dataset.map(
-        encode, batched=True, num_proc=num_proc, remove_columns=dataset.column_names, desc="Tokenizing"
-    )
-
-    def fits(batch):
-        return [
-            s <= max_source_length and t <= max_target_length
-            for s, t in zip(batch["source_length"], batch["target_length"], strict=True)
-        ]
-
-    kept = tokenized.filter(fits, batched=True, num_proc=num_proc, desc="Filtering long pairs")
-    dropped = len(tokenized) - len(kept)
+    tokenized = tokenize_pairs(dataset, tokenizer, max_source_length, max_target_length, num_proc=num_proc)
+    dropped = len(dataset) - len(tokenized)
     if dropped:
         logger.warning(
-            f"Dropped {dropped} of {len(tokenized)} pairs longer than {max_source_length} source / "
+            f"Dropped {dropped} of {len(dataset)} pairs: an empty side, or longer than {max_source_length} source / "
             f"{max_target_length} target tokens."
         )
-    if len(kept) == 0:
+    if len(tokenized) == 0:
         raise ValueError(
             f"Every pair is longer than max_source_length={max_source_length}/max_target_length={max_target_length}."
         )
-    return kept, dropped
+    return tokenized, dropped

@@ -23,8 +23,9 @@ from transformers.utils import logging
 
 from ..model.loss import IGNORE_INDEX
 from .callbacks import MetricsFileCallback, TimeBudgetCallback, sum_over_ranks
-from .data import DataArguments, load_parallel_data, tokenize_parallel
+from .data import DataArguments
 from .metrics import build_compute_metrics, decode_ids
+from .prepared import PreparedCorpus, load_corpus, read_manifest
 from .recipe import RecipeArguments, apply_paper_recipe
 from .tokenization import check_special_token_ids
 from .trainer import TranslationTrainer, resolve_resume_checkpoint
@@ -72,8 +73,13 @@ def parse_config_overrides(text: str | None) -> dict[str, Any]:
 
 
 def load_tokenizer(data_args: DataArguments, model_args: ModelArguments):
-    """The tokenizer named by --tokenizer_name, else the one saved with --model_name_or_path."""
+    """The tokenizer named by --tokenizer_name, else the one saved with --model_name_or_path, else the one of the
+    --prepared_data folder."""
     name = data_args.tokenizer_name or model_args.model_name_or_path
+    if not name and data_args.prepared_data and read_manifest(data_args.prepared_data) is not None:
+        from .prepared import TOKENIZER_FOLDER
+
+        name = str(Path(data_args.prepared_data) / TOKENIZER_FOLDER)
     if not name:
         raise ValueError(
             "no tokenizer: pass --tokenizer_name (train one with vt-train-tokenizer) or --model_name_or_path"
@@ -187,12 +193,8 @@ def run_training(
     check_run_arguments(training_args, model_args)
     parse_config_overrides(model_args.config_overrides)  # fail on a typo now, not after loading the data
     resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
-    raw = load_parallel_data(data_args)
-    tokenized = {}
-    for split, part in raw.items():
-        # Only training pairs are filtered by length; validation and test are scored complete, as in the paper.
-        limits = (data_args.max_source_length, data_args.max_target_length) if split == "train" else (10**9, 10**9)
-        tokenized[split], _ = tokenize_parallel(part, tokenizer, *limits, num_proc=data_args.preprocessing_num_workers)
+    prepared = load_corpus(data_args, tokenizer)  # memory-mapped; prepared once for every rank and every restart
+    tokenized = prepared.splits
     # Seed before the model is built: its initialisation draws from the global generators (the Trainer seeds again
     # later, which fixes the data order and dropout but would leave the initial weights unseeded).
     set_seed(training_args.seed)
@@ -242,12 +244,13 @@ def run_training(
             (Path(training_args.output_dir) / "test_predictions.txt").write_text("\n".join(hypotheses) + "\n")
     if trainer.is_world_process_zero():
         trainer.save_metrics("all", results, combined=False)
-        info = training_info(data_args, model_args, training_args, recipe, trainer, len(raw.get("train", [])))
+        train_pairs = prepared.stats.get("train", {}).get("read", 0)
+        info = training_info(data_args, model_args, training_args, recipe, trainer, train_pairs)
         if corpus is not None:
             info["dataset"], info["dataset description"] = corpus
         (Path(training_args.output_dir) / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
         if plot:
-            _plot_run(trainer, tokenizer, raw, training_args.output_dir)
+            _plot_run(trainer, tokenizer, prepared, training_args.output_dir)
     return results
 
 
@@ -333,13 +336,12 @@ def training_info(data_args, model_args, training_args, recipe, trainer, train_p
     }
 
 
-def _plot_run(trainer: TranslationTrainer, tokenizer, raw, output_dir: str) -> None:
+def _plot_run(trainer: TranslationTrainer, tokenizer, corpus: PreparedCorpus, output_dir: str) -> None:
     """Loss/BLEU curves and one example's cross-attention heatmap, next to the model (main process only)."""
     from .plotting import plot_cross_attention, plot_training_curves
 
     plot_training_curves(trainer.state.log_history, Path(output_dir) / "training_curves.png")
-    split = raw["test"] if "test" in raw else raw["train"]
-    source = min(split["source"][:50], key=lambda s: abs(len(s) - 40))  # a readable, medium-length example
+    source = min(corpus.example_sources(50, tokenizer), key=lambda s: abs(len(s) - 40))  # readable, medium length
     if (Path(output_dir) / "model.safetensors").is_file():
         # Reload the saved model: under FSDP/DeepSpeed the trained one is sharded and only this rank draws.
         model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)

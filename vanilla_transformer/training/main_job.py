@@ -192,6 +192,7 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
         source_lang="en", target_lang=args.target_lang, tokenizer_name=str(output / "tokenizer"),
         train_file=str(files["train"]), validation_file=str(files["validation"]), test_file=str(files["test"]),
         max_source_length=args.max_length, max_target_length=args.max_length, max_eval_samples=args.max_eval_samples,
+        prepared_data=str(output / "data" / "prepared"),
     )  # fmt: skip
     training_kwargs = dict(
         output_dir=str(model_dir), do_train=True, predict_with_generate=True, max_steps=args.max_steps,

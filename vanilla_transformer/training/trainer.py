@@ -29,6 +29,35 @@ logger = logging.get_logger(__name__)
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def pack_token_batches(lengths: np.ndarray, max_tokens: int, max_sentences: int | None = None) -> np.ndarray:
+    """Greedy token-budget packing of pairs taken in the given order: a batch grows while `(size + 1) · longest` stays
+    within `max_tokens` (and `size < max_sentences`), where `longest` is the longest `lengths` entry in it; then the
+    next batch opens. Returns the batches' boundaries: batch b is positions `bounds[b]:bounds[b + 1]`.
+
+    The loop runs once per batch, not per pair: from a batch's first pair, `n · running max` over a window of the
+    next pairs is non-decreasing in n, so one `searchsorted` finds where the budget is exceeded (the window doubles
+    until it holds the end of the batch).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total, bounds, start, window = len(lengths), [0], 0, 64
+    while start < total:
+        while True:
+            stop = min(total, start + window)
+            longest = np.maximum.accumulate(lengths[start:stop])
+            padded = longest * np.arange(1, stop - start + 1)  # (size) tokens of a batch of `size` pairs, padded
+            size = int(np.searchsorted(padded, max_tokens, side="right"))
+            if max_sentences is not None:
+                size = min(size, max_sentences)
+            if size < stop - start or stop == total:
+                break
+            window *= 2
+        size = max(size, 1)  # a pair longer than the budget alone is refused by the sampler before packing
+        start += size
+        bounds.append(start)
+        window = max(64, 2 * size)
+    return np.asarray(bounds, dtype=np.int64)
+
+
 class TokenBudgetBatchSampler(Sampler[list[int]]):
     """Batches of pairs of similar length holding at most `max_tokens` source and `max_tokens` target tokens.
 
@@ -37,6 +66,10 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     memory), and the batch order is shuffled. Every rank builds the same global list from `seed + epoch` and takes
     batches `rank, rank + num_replicas, ...`, so ranks see distinct batches; the list is padded by wrapping around to a
     multiple of `num_replicas` so every rank runs the same number of steps (DDP needs that).
+
+    The lengths are two integer arrays (read from the dataset's Arrow columns, `length_columns`); sorting and
+    packing are numpy over them, so an epoch's batches over millions of pairs take about a second to build, and the
+    batches are kept as one index array and its boundaries.
     """
 
     def __init__(
@@ -58,7 +91,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             raise ValueError("Cannot batch an empty dataset.")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank must be in [0, num_replicas={num_replicas}) (got {rank}).")
-        longest = int(max(self.source_lengths.max(), self.target_lengths.max()))
+        self.lengths = np.maximum(self.source_lengths, self.target_lengths)  # longest covers source and target
+        longest = int(self.lengths.max())
         if longest > max_tokens:
             raise ValueError(
                 f"max_tokens={max_tokens} is smaller than the longest sequence ({longest} tokens); raise --max_tokens "
@@ -67,43 +101,50 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.max_tokens, self.num_replicas, self.rank = max_tokens, num_replicas, rank
         self.shuffle, self.seed, self.max_sentences = shuffle, seed, max_sentences
         self.epoch = 0
-        self._num_batches = len(self._pack(np.lexsort((self.target_lengths, self.source_lengths))))
+        # Ties in (source, target) length have equal packing lengths, so any tie order gives this many batches.
+        order = np.lexsort((self.target_lengths, self.source_lengths))
+        self._num_batches = len(pack_token_batches(self.lengths[order], max_tokens, max_sentences)) - 1
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for `epoch` (the Trainer calls this before each epoch)."""
         self.epoch = epoch
 
-    def _pack(self, order: np.ndarray) -> list[list[int]]:
-        batches, batch, longest = [], [], 0  # longest = max(source, target) length in the open batch
-        for index in order.tolist():
-            length = int(max(self.source_lengths[index], self.target_lengths[index]))
-            full = self.max_sentences is not None and len(batch) >= self.max_sentences
-            # len(batch) · longest <= max_tokens bounds both sides, since longest covers source and target
-            if batch and (full or (len(batch) + 1) * max(longest, length) > self.max_tokens):
-                batches.append(batch)
-                batch, longest = [], 0
-            batch.append(index)
-            longest = max(longest, length)
-        batches.append(batch)
-        return batches
+    def epoch_batches(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The current epoch's global batches as (order, bounds, batch ids): the g-th batch of the epoch is
+        `order[bounds[i]:bounds[i + 1]]` with `i = ids[g]`; `ids` is padded to a multiple of `num_replicas`."""
+        rng = np.random.default_rng([self.seed, self.epoch])
+        count = len(self.lengths)
+        tie_break = rng.random(count) if self.shuffle else np.arange(count)
+        order = np.lexsort((tie_break, self.target_lengths, self.source_lengths))
+        bounds = pack_token_batches(self.lengths[order], self.max_tokens, self.max_sentences)
+        ids = rng.permutation(len(bounds) - 1) if self.shuffle else np.arange(len(bounds) - 1)
+        remainder = len(ids) % self.num_replicas
+        if remainder:
+            ids = np.concatenate([ids, ids[: self.num_replicas - remainder]])
+        return order, bounds, ids
 
     def global_batches(self) -> list[list[int]]:
         """All ranks' batches for the current epoch, in order, padded to a multiple of `num_replicas`."""
-        rng = np.random.default_rng([self.seed, self.epoch])
-        tie_break = rng.random(len(self.source_lengths)) if self.shuffle else np.arange(len(self.source_lengths))
-        batches = self._pack(np.lexsort((tie_break, self.target_lengths, self.source_lengths)))
-        if self.shuffle:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        remainder = len(batches) % self.num_replicas
-        if remainder:
-            batches += batches[: self.num_replicas - remainder]
-        return batches
+        order, bounds, ids = self.epoch_batches()
+        return [order[bounds[i] : bounds[i + 1]].tolist() for i in ids.tolist()]
 
     def __iter__(self) -> Iterator[list[int]]:
-        yield from self.global_batches()[self.rank :: self.num_replicas]
+        order, bounds, ids = self.epoch_batches()
+        for i in ids[self.rank :: self.num_replicas].tolist():
+            yield order[bounds[i] : bounds[i + 1]].tolist()
 
     def __len__(self) -> int:
         return math.ceil(self._num_batches / self.num_replicas)
+
+
+def length_columns(dataset, columns: Sequence[str] = ("source_length", "target_length")) -> list[np.ndarray]:
+    """Integer columns of a `datasets.Dataset` as numpy arrays, read from its Arrow table (memory-mapped or not)
+    without building Python objects per row."""
+    missing = [column for column in columns if column not in dataset.column_names]
+    if missing:
+        raise ValueError(f"Token batching needs a {missing[0]!r} column; tokenize with prepared.tokenize_pairs.")
+    table = dataset.with_format("arrow", columns=list(columns))[:]
+    return [table.column(column).to_numpy() for column in columns]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -247,12 +288,10 @@ class TranslationTrainer(Seq2SeqTrainer):
         if not self.max_tokens:
             return super().get_train_dataloader()
         dataset = self.train_dataset
-        for column in ("source_length", "target_length"):
-            if column not in dataset.column_names:
-                raise ValueError(f"Token batching needs a {column!r} column; tokenize with data.tokenize_parallel.")
+        source_lengths, target_lengths = length_columns(dataset)
         sampler = TokenBudgetBatchSampler(
-            dataset["source_length"],
-            dataset["target_length"],
+            source_lengths,
+            target_lengths,
             max_tokens=self.max_tokens,
             num_replicas=max(1, self.args.world_size),
             rank=self.args.process_index,
