@@ -83,8 +83,10 @@ function onInput() {
   updateCount();
   mirrorQuery();
   clearTimeout(page.timer);
+  // An answer for an older text must not land after this one: drop the request in flight.
+  if (page.controller) page.controller.abort();
+  page.sequence++;
   if (!$("q").value) {
-    if (page.controller) page.controller.abort();
     $("translation").value = "";
     setStatus($("status"), "idle");
     return;
