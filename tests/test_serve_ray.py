@@ -57,6 +57,12 @@ def test_two_replicas_serve_the_api(local_ray, oracle):
     assert batch.json()["detectedLanguage"]["language"] == "en"
     bad = httpx.post(f"{url}/translate", json={"q": 3, "source": "en", "target": "de"}, timeout=60)
     assert bad.status_code == 400 and "error" in bad.json()
+    # a translated file would wait on one replica while the proxy may route its download to the other
+    assert httpx.get(f"{url}/frontend/settings", timeout=60).json()["filesTranslation"] is False
+    upload = httpx.post(
+        f"{url}/translate_file", data={"source": "en", "target": "de"}, files={"file": ("a.txt", b"a b")}, timeout=60
+    )
+    assert upload.status_code == 403 and "disabled" in upload.json()["error"]
     serve.shutdown()  # gives the replicas' CPUs back to the Ray Data test
 
 

@@ -25,9 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
+from .files import FILE_PATHS, add_file_routes
+from .frontend import FRONTEND_PATHS, add_frontend_routes
 from .service import RequestError, TranslationService
 
 access_logger = logging.getLogger("vanilla_transformer_ort.serve.access")
+PAGE_AND_FILE_PATHS = FRONTEND_PATHS | FILE_PATHS  # metrics labels of the web page's routes (not /download_file/*)
 
 
 def configure_access_log(stream=None, level: int = logging.INFO) -> None:
@@ -116,8 +119,8 @@ def _request_body_schema(service: TranslationService) -> dict:
 # -- request parsing ----------------------------------------------------------------------------------------------
 
 
-async def _read_fields(request: Request, max_body_bytes: int) -> dict[str, Any]:
-    """The request's fields from a JSON object or a form; RequestError for anything else."""
+async def _read_body(request: Request, max_body_bytes: int) -> bytes:
+    """The request's body; RequestError 413 as soon as it is over `max_body_bytes`."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
         raise RequestError(413, f"request body of {declared} bytes is over the limit of {max_body_bytes} bytes")
@@ -126,6 +129,12 @@ async def _read_fields(request: Request, max_body_bytes: int) -> dict[str, Any]:
         body.extend(chunk)
         if len(body) > max_body_bytes:
             raise RequestError(413, f"request body is over the limit of {max_body_bytes} bytes")
+    return bytes(body)
+
+
+async def _read_fields(request: Request, max_body_bytes: int) -> dict[str, Any]:
+    """The request's fields from a JSON object or a form; RequestError for anything else."""
+    body = await _read_body(request, max_body_bytes)
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json" or content_type.endswith("+json"):
         try:
@@ -250,7 +259,7 @@ class AccessLog:
         finally:
             seconds = time.perf_counter() - started
             path = scope.get("path", "")
-            endpoint = path if path in KNOWN_PATHS else "other"
+            endpoint = path if path in KNOWN_PATHS or path in PAGE_AND_FILE_PATHS else "other"
             metrics = self.service.metrics
             metrics.requests.labels(endpoint, str(status["code"])).inc()
             metrics.latency.labels(endpoint).observe(seconds)
@@ -364,5 +373,7 @@ def create_app(service: TranslationService) -> FastAPI:
         service.update_gauges()
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    add_frontend_routes(app, service)
+    add_file_routes(app, service)
     app.add_middleware(AccessLog, service=service)
     return app

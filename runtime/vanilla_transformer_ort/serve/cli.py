@@ -61,12 +61,18 @@ def build_parser():
         ("max_batch_tokens", positive_int, "padded tokens a batch"),
         ("max_batch_size", positive_int, "segments a batch"),
         ("max_wait_ms", float, "longest wait to fill a batch while another runs"),
+        ("max_file_bytes", positive_int, "bytes a file sent to /translate_file; more is a 413"),
+        ("download_expiry", float, "seconds a translated file can be downloaded, then it is deleted"),
+        ("frontend_timeout", int, "milliseconds the web page waits after typing before it translates"),
     ]
     for name, kind, text in limits:
         parser.add_argument(
             f"--{name}", type=kind, default=getattr(defaults, name), help=f"{text} (default %(default)s)"
         )
     parser.add_argument("--no_batching", action="store_true", help="never batch different requests together")
+    parser.add_argument(
+        "--no_files_translation", action="store_true", help="turn off /translate_file (403) and the page's file tab"
+    )
     parser.add_argument(
         "--no_protect_placeholders", action="store_true", help="translate %%s, {0}, <b> ... as plain text (unsafe)"
     )
@@ -171,6 +177,10 @@ def settings_from_args(args: argparse.Namespace):
         max_batch_tokens=args.max_batch_tokens,
         max_batch_size=args.max_batch_size,
         max_wait_ms=args.max_wait_ms,
+        max_file_bytes=args.max_file_bytes,
+        download_expiry=args.download_expiry,
+        frontend_timeout=args.frontend_timeout,
+        files_translation=not args.no_files_translation,
         batching=not args.no_batching,
         protect_placeholders=not args.no_protect_placeholders,
         sessions=args.sessions,

@@ -36,8 +36,12 @@ def deployment(models: Sequence[str], settings: ServeSettings, replicas: int, cp
     specs = [parse_model_spec(model) for model in models]
     check_unique(specs)
     resolved = [f"{spec.pair}={spec.folder.resolve()}" for spec in specs]
-    # A replica is a Ray actor process already: its sessions run in its threads, and Ray places the replicas.
-    settings = dataclasses.replace(settings, session_workers="thread")
+    # A replica is a Ray actor process already: its sessions run in its threads, and Ray places the replicas. A
+    # translated file waits on the replica that made it, where Ray's proxy may not route its download: with more
+    # than one replica, /translate_file is off (403, and the web page hides its file tab).
+    settings = dataclasses.replace(
+        settings, session_workers="thread", files_translation=settings.files_translation and replicas == 1
+    )
 
     def builder():  # a plain function: Ray Serve calls it on each replica to build the ASGI app there
         return build_app(resolved, settings)

@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..placeholders import protect, restore
 from ..protected_translation import DEFAULT_RETRY, DEFAULT_STYLE, translate_protected
@@ -21,6 +22,7 @@ from .settings import ServeSettings
 from .text import join, split
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class RequestError(Exception):
@@ -214,21 +216,32 @@ class TranslationService:
 
     # -- translation --------------------------------------------------------------------------------------------
 
-    async def translate(self, texts: list[str], source: str, target: str, text_format: str) -> list[str]:
-        """Translate `texts` (already validated) from `source` to `target`; `text_format` is "text" or "html"."""
+    def _serving_pair(self, source: str, target: str) -> ServedPair:
+        """The pair's batch scheduler; RequestError 503 while loading or shutting down."""
         if self.draining:
             raise RequestError(503, "the server is shutting down; retry on another instance")
         if not self.ready:
             raise RequestError(503, "the models are still loading; retry shortly")
-        pair = self.pairs[(source, target)]
+        return self.pairs[(source, target)]
+
+    async def translate(
+        self, texts: list[str], source: str, target: str, text_format: str, chunk_size: int | None = None
+    ) -> list[str]:
+        """Translate `texts` (already validated) from `source` to `target`; `text_format` is "text" or "html".
+
+        With `chunk_size`, the distinct segments are queued that many at a time, each chunk within its own
+        `request_timeout`: a file of thousands of lines then takes its turn with other requests instead of filling
+        the queue (a 429) or running past the timeout (a 503)."""
+        pair = self._serving_pair(source, target)
         cut = [split(text, text_format) for text in texts]
         segments = list(dict.fromkeys(piece.text for pieces in cut for piece in pieces if piece.translate))
         if not segments:
             return [join(pieces, []) for pieces in cut]
-        if self.settings.protect_placeholders:
-            translations = await self._translate_protected(pair, segments)
-        else:
-            translations = await self._translate_segments(pair, segments)
+        translate = self._translate_protected if self.settings.protect_placeholders else self._translate_segments
+        step = chunk_size or len(segments)
+        translations = []
+        for start in range(0, len(segments), step):
+            translations += await translate(pair, segments[start : start + step])
         by_segment = dict(zip(segments, translations, strict=True))
         return [join(pieces, [by_segment[p.text] for p in pieces if p.translate]) for pieces in cut]
 
@@ -275,15 +288,9 @@ class TranslationService:
             translations.append(restore(raw[item.masked], item) if item.is_translatable else segment)
         failing = [index for index, translation in enumerate(translations) if translation is None]
         if failing:
-            loop = asyncio.get_running_loop()
-
-            def translate_batch(texts: list[str]) -> list[str]:
-                future = asyncio.run_coroutine_threadsafe(self._translate_segments(pair, texts), loop)
-                return future.result()
-
             results = await asyncio.to_thread(
                 translate_protected,
-                translate_batch,
+                self._blocking_translate_batch(pair, asyncio.get_running_loop()),
                 [segments[index] for index in failing],
                 style=DEFAULT_RETRY[0],  # the first attempt, as it is, was made above
                 retry=DEFAULT_RETRY[1:],
@@ -294,3 +301,23 @@ class TranslationService:
                     logger.info("Left untranslated (a placeholder did not survive): %r", segments[index][:80])
                 translations[index] = result.translation if result.translation is not None else segments[index]
         return translations
+
+    def _blocking_translate_batch(
+        self, pair: ServedPair, loop: asyncio.AbstractEventLoop
+    ) -> Callable[[list[str]], list[str]]:
+        """`translate_batch(texts) -> translations` for a worker thread: the texts go as they are (no segmenting, no
+        placeholder protection: the caller does both) through the pair's batch scheduler on `loop`."""
+
+        def translate_batch(texts: list[str]) -> list[str]:
+            future = asyncio.run_coroutine_threadsafe(self._translate_segments(pair, list(texts)), loop)
+            return future.result()
+
+        return translate_batch
+
+    async def run_with_translator(
+        self, source: str, target: str, work: Callable[[Callable[[list[str]], list[str]]], T]
+    ) -> T:
+        """`work(translate_batch)` in a worker thread, `translate_batch` translating through the pair's batch
+        scheduler (`catalog.pretranslate` takes it, as `vt-translate-po` gives it a translator's)."""
+        pair = self._serving_pair(source, target)
+        return await asyncio.to_thread(work, self._blocking_translate_batch(pair, asyncio.get_running_loop()))

@@ -32,6 +32,10 @@ class ServeSettings:
     step waits for another's, or for the event loop, on one interpreter lock: 180.6 against 158.3 sentences/s with
     "thread" at 32 clients (medians of three interleaved rounds, docs/serving.md). "thread" keeps the sessions in
     this process: an fp32 folder's embedding table and onnxruntime's arena are then shared, for less memory.
+
+    The web page at `/` waits `frontend_timeout` milliseconds after the last keystroke before it translates.
+    `files_translation` turns on `POST /translate_file`: an upload over `max_file_bytes` bytes is a 413, and a
+    translated file can be downloaded for `download_expiry` seconds, then it is deleted (all of them on shutdown).
     """
 
     char_limit: int = 5000
@@ -51,9 +55,16 @@ class ServeSettings:
     protect_placeholders: bool = True
     session_workers: str = "process"
     api_keys: frozenset[str] = field(default_factory=frozenset)
+    frontend_timeout: int = 500
+    files_translation: bool = True
+    max_file_bytes: int = 1024 * 1024
+    download_expiry: float = 1800.0
 
     def __post_init__(self) -> None:
-        positive = ("char_limit", "max_texts", "max_body_bytes", "max_queue", "max_batch_tokens", "max_batch_size")
+        positive = (
+            "char_limit", "max_texts", "max_body_bytes", "max_queue", "max_batch_tokens", "max_batch_size",
+            "max_file_bytes",
+        )  # fmt: skip
         if self.sessions is None:
             self.sessions = min(2, usable_cores())
         for name in (*positive, "sessions"):
@@ -61,6 +72,10 @@ class ServeSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.request_timeout <= 0:
             raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
+        if self.download_expiry <= 0:
+            raise ValueError(f"download_expiry must be > 0 seconds, got {self.download_expiry}")
+        if self.frontend_timeout < 0:
+            raise ValueError(f"frontend_timeout must be >= 0 milliseconds, got {self.frontend_timeout}")
         if self.max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
         if self.session_workers not in SESSION_WORKERS:
