@@ -242,10 +242,11 @@ class PreparedCorpus:
         for split in ("test", "validation", "train"):
             if split in self.splits:
                 part = self.splits[split].select(range(min(count, len(self.splits[split]))))
-                if "source" in part.column_names:
-                    return list(part["source"])
+                rows = part.to_dict()
+                if "source" in rows:
+                    return rows["source"]
                 if split == "train":
-                    return tokenizer.batch_decode(part["input_ids"], skip_special_tokens=True)
+                    return tokenizer.batch_decode(rows["input_ids"], skip_special_tokens=True)
         return []
 
     @property
