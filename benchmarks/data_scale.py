@@ -189,8 +189,8 @@ config = VanillaTransformerConfig.from_preset("small", vocab_size=len(tokenizer)
                                               eos_token_id=2, decoder_start_token_id=1)
 model = VanillaTransformerForConditionalGeneration(config)
 args = Seq2SeqTrainingArguments(output_dir=output_dir, max_steps=steps, per_device_train_batch_size=64,
-                                train_sampling_strategy="group_by_length", logging_steps=1, save_strategy="no", report_to="none",
-                                use_cpu=True, disable_tqdm=True)
+                                train_sampling_strategy="group_by_length", logging_steps=1, save_strategy="no",
+                                report_to="none", use_cpu=True, disable_tqdm=True)
 trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=train,
                          data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100))
 trainer.train()
