@@ -209,6 +209,21 @@ def plain(corpus: Path, workdir: Path, tokenizer: Path, steps: int) -> dict[str,
     return {"first": first, "cached": cached}
 
 
+def throughput(corpus: Path, workdir: Path, tokenizer: Path, steps: int, prepared: Path | None = None) -> float:
+    """Training tokens/s (source + target, non-padding) of `steps` steps of the `small` preset at 4,096 tokens a batch
+    on one process, the corpus prepared beforehand (the time counted is the Trainer's own, from its first step)."""
+    import json
+
+    prepared = prepared or workdir / f"prepared-throughput-{corpus.stem}"
+    output = workdir / f"throughput-{corpus.stem}"
+    arguments = train_arguments(corpus, workdir, tokenizer, prepared, steps)
+    arguments[arguments.index("--output_dir") + 1] = str(output)
+    arguments[arguments.index("--logging_steps") + 1] = "50"
+    measure([sys.executable, str(ROOT / "scripts" / "train.py"), *arguments], environment(),
+            workdir / f"throughput-{corpus.stem}.log")  # fmt: skip
+    return json.loads((output / "all_results.json").read_text())["train_tokens_per_second"]
+
+
 def tokenization_rate(corpus: Path, tokenizer: Path, pairs: int = 200_000) -> float:
     """Pairs/s of the preparation's encoder on one core (one Rust thread, one process)."""
     code = (
@@ -240,6 +255,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--recipes", nargs="+", default=["ours", "plain"], choices=["ours", "plain"])
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--throughput_steps",
+        type=int,
+        default=0,
+        help="Also train this many steps on each corpus and on the gettext pairs, and compare tokens/s.",
+    )
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR / "data_scale")
     parser.add_argument("--name", default="data_scale", help="Results file: benchmarks/results/NAME.json.")
     args = parser.parse_args(argv)
@@ -257,8 +278,18 @@ def main(argv: list[str] | None = None) -> dict:
         if "plain" in args.recipes:
             entry["plain"] = run = plain(corpus, args.workdir, tokenizer, args.steps)
             rows.append([f"{pairs:,}", "plain recipe", *_cells(run)])
+        if args.throughput_steps:
+            ready = args.workdir / f"prepared-{corpus.stem}-1"  # what the 1-rank runs prepared, if they ran
+            entry["train_tokens_per_s"] = throughput(
+                corpus, args.workdir, tokenizer, args.throughput_steps, ready if ready.is_dir() else None
+            )
+            print(f"{pairs:,} pairs: {entry['train_tokens_per_s']:,} training tokens/s", flush=True)
         results[str(pairs)] = entry
         print(f"{pairs:,} pairs: tokenization {entry['tokenize_pairs_per_s_per_core']:,} pairs/s per core", flush=True)
+    if args.throughput_steps:
+        gettext = throughput(SHARED / "train.tsv", args.workdir, tokenizer, args.throughput_steps)
+        results["gettext_train_tokens_per_s"] = gettext
+        print(f"gettext pairs (the main job's corpus): {gettext:,} training tokens/s", flush=True)
     headers = ["pairs", "recipe", "first run: to step 1", "peak anon", "per process", "cached: to step 1",
                "peak anon", "per process"]  # fmt: skip
     print(format_table(headers, rows))
