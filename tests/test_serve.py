@@ -282,6 +282,17 @@ def test_unknown_paths_and_methods_answer_json_errors():
     assert "error" in missing.json() and "error" in method.json()
 
 
+def test_the_schema_is_served_and_no_page_that_needs_a_cdn():
+    """FastAPI's /docs and /redoc pages load their scripts from a CDN (blank offline): not served; the schema is."""
+
+    async def scenario(client):
+        return [await client.get(path) for path in ("/docs", "/redoc", "/openapi.json")]
+
+    docs, redoc, schema = run_app(make_service(), scenario)
+    assert (docs.status_code, redoc.status_code) == (404, 404) and "error" in docs.json()
+    assert schema.status_code == 200 and "/translate" in schema.json()["paths"]
+
+
 def test_api_keys(tmp_path):
     async def scenario(client):
         return (

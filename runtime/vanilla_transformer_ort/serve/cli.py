@@ -18,7 +18,7 @@ DESCRIPTION = (
     __doc__
     + """
 Each FOLDER is an export folder (vt-export-onnx) whose manifest names its pair, or SRC-TGT=FOLDER (en-de=onnx/base).
-Metrics: GET /metrics; OpenAPI: GET /docs. SIGTERM finishes accepted requests, then exits."""
+Metrics: GET /metrics; OpenAPI schema: GET /openapi.json. SIGTERM finishes accepted requests, then exits."""
 )
 
 
