@@ -8,6 +8,7 @@ import asyncio
 import itertools
 import json
 import os
+import re
 import signal
 import time
 
@@ -427,8 +428,9 @@ def test_folder_without_languages_asks_for_the_pair(tmp_path):
 
 def test_sigterm_finishes_accepted_requests_and_refuses_new_ones(oracle):
     """A live server in a subprocess, its session in a process of its own (the default): a request in flight when
-    SIGTERM arrives still gets its translation; then the port refuses connections and the process ends (uvicorn
-    re-raises SIGTERM once it has shut down cleanly)."""
+    SIGTERM arrives still gets its translation; then the port refuses connections and the process ends with status 0
+    and one line saying why. Every other line on stderr is a JSON access line or a `time level logger: message`
+    line, uvicorn's own included."""
     texts = [" ".join(words) for words in itertools.islice(itertools.permutations("abcdefgh", 3), 150)]
     process, url = serve_process(f"en-de={trained_export_dir()}", "--sessions", "1", "--max_batch_size", "1")
     try:
@@ -449,7 +451,7 @@ def test_sigterm_finishes_accepted_requests_and_refuses_new_ones(oracle):
         assert answer.status_code == 200
         assert after_signal > 0.02  # the request was still being translated when SIGTERM came
         assert answer.json()["translatedText"] == [single(oracle, text) for text in texts]
-        assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
         with pytest.raises(httpx.TransportError):
             httpx.get(f"{url}/health", timeout=2)
         logs = process.stderr.read()
@@ -458,6 +460,38 @@ def test_sigterm_finishes_accepted_requests_and_refuses_new_ones(oracle):
         assert all(set(entry) == {"time", "method", "path", "status", "ms", "client"} for entry in access), access
         assert ".serve.access" not in logs  # no logger prefix: every access line is bare JSON
         assert "not installed: uvicorn falls back" not in logs  # the serve extra brings uvloop and httptools
+        assert_documented_log_lines(logs, "SIGTERM")
+        assert "Started server process" in logs and "Finished server process" in logs  # uvicorn's, in that format
+    finally:
+        process.kill()
+
+
+# The server's messages as docs/serving.md gives them: `time level logger: message` (logging's default asctime).
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: \S")
+
+
+def assert_documented_log_lines(logs: str, stopped_by: str) -> None:
+    """Every line of a stopped server's stderr is an access line (a JSON object), a log line, or the last line
+    saying which signal stopped it."""
+    lines = logs.splitlines()
+    assert lines[-1] == f"vt-serve: stopped on {stopped_by}", logs
+    for line in lines[:-1]:
+        if line.startswith("{"):
+            assert isinstance(json.loads(line), dict), line
+        else:
+            assert LOG_LINE.match(line), line
+
+
+def test_ctrl_c_stops_like_sigterm():
+    """Ctrl-C (SIGINT) drains like SIGTERM: status 0, the same one line."""
+    process, url = serve_process(f"en-de={trained_export_dir()}", "--sessions", "1")
+    try:
+        wait_ready(url, process=process)
+        assert httpx.post(f"{url}/translate", json={"q": "a b", "source": "en", "target": "de"}).status_code == 200
+        process.send_signal(signal.SIGINT)
+        _, logs = process.communicate(timeout=30)
+        assert process.returncode == 0, logs
+        assert_documented_log_lines(logs, "SIGINT")
     finally:
         process.kill()
 
