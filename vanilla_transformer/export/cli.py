@@ -177,7 +177,7 @@ def _export_standard_layout(args: argparse.Namespace) -> Path:
 def export_ctranslate2_command(argv: list[str] | None = None):
     """`export_ctranslate2` with the command-line options; prints the files written and returns the output folder.
     Errors raise (`export_ctranslate2_main` turns user errors into one line and exit status 2)."""
-    from .ctranslate2_export import QUANTIZATIONS, export_ctranslate2  # needs the ctranslate2 package
+    from . import CTRANSLATE2_QUANTIZATIONS
 
     parser = _export_parser(
         "vt-export-ctranslate2",
@@ -185,7 +185,9 @@ def export_ctranslate2_command(argv: list[str] | None = None):
         EXPORT_CTRANSLATE2_EXAMPLE,
         "CTranslate2 model folder to write",
     )
-    parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None, help="weight type (default float32)")
+    parser.add_argument(
+        "--quantization", choices=CTRANSLATE2_QUANTIZATIONS, default=None, help="weight type (default float32)"
+    )
     parser.add_argument(
         "--max_positions",
         type=int,
@@ -195,6 +197,14 @@ def export_ctranslate2_command(argv: list[str] | None = None):
     )
     parser.add_argument("--force", action="store_true", help="overwrite --output if it exists")
     args = parser.parse_args(argv)
+    try:
+        from .ctranslate2_export import export_ctranslate2
+    except ImportError as error:
+        if (error.name or "").split(".")[0] != "ctranslate2":
+            raise
+        raise UserError(
+            "ctranslate2 is missing: install the ctranslate2 extra; from a checkout, pip install -e '.[ctranslate2]'"
+        ) from None
 
     try:
         output = export_ctranslate2(

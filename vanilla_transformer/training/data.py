@@ -20,11 +20,14 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from datasets import Dataset, DatasetDict
 from transformers.utils import logging
 
 from .gettext_corpus import DEFAULT_LOCALE_DIR, fold_whitespace, gettext_corpus
+
+if TYPE_CHECKING:  # imported where used: `--help` of the training commands works without the train extra
+    from datasets import Dataset, DatasetDict
 
 logger = logging.get_logger(__name__)
 
@@ -103,6 +106,8 @@ def read_parallel_file(path: str | os.PathLike, source_lang: str, target_lang: s
         logger.warning(f"{path}: skipped {len(pairs) - len(kept)} pairs with an empty side.")
     if not kept:
         raise ValueError(f"{path} holds no sentence pair ({source_lang}→{target_lang}); the corpus is empty.")
+    from datasets import Dataset
+
     return Dataset.from_dict({"source": [s for s, _ in kept], "target": [t for _, t in kept]})
 
 
@@ -253,6 +258,8 @@ def normalize_translation_dataset(dataset: DatasetDict, source_lang: str, target
         normalized[split] = part
     if "train" not in normalized:
         raise ValueError(f"The dataset has no `train` split (found {sorted(normalized)}).")
+    from datasets import DatasetDict
+
     return DatasetDict(normalized)
 
 
@@ -284,6 +291,8 @@ def write_tsv(dataset: DatasetDict, out_dir: str | os.PathLike, source_lang: str
 
 def load_parallel_data(args: DataArguments) -> DatasetDict:
     """Load the corpus the arguments name: local files, else a Hub dataset, else the gettext default."""
+    from datasets import DatasetDict
+
     if args.train_file or args.validation_file or args.test_file:
         if not args.train_file:
             raise ValueError("--validation_file/--test_file were given without --train_file.")

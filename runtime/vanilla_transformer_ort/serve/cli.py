@@ -87,6 +87,7 @@ def serve_command(argv: list[str]) -> None:
     """Parse `argv`, check every folder, load the models and serve until SIGTERM or Ctrl-C."""
     from ..cli_common import UserError
 
+    args = build_parser().parse_args(argv)  # first: --help needs none of the serve extra
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -96,7 +97,6 @@ def serve_command(argv: list[str]) -> None:
             f"{error.name} is missing: install the serve extra; from a checkout, pip install './runtime[cpu,serve]' "
             "(or pip install -e '.[onnx,serve]' with the full package)"
         ) from None
-    args = build_parser().parse_args(argv)
     if args.ray_replicas:
         run_on_ray(args)
         return
