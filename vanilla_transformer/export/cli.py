@@ -20,6 +20,7 @@ from typing import Any
 from vanilla_transformer_ort.cli_common import UserError, add_flag_alias, debug_requested, make_parser, run_cli
 
 from .. import __version__
+from ..progress import without_weight_progress_bars
 
 EXPORT_ONNX_DOC = """Export a trained model folder to ONNX. --layout vanilla (the default): this package's runtime
 layout (encoder, one-step decoder and helper graphs; export/README.md). --layout optimum: the standard layout that
@@ -248,14 +249,14 @@ def export_marian_command(argv: list[str] | None = None) -> Path:
 
 def export_onnx_main(argv: list[str] | None = None) -> int:
     """The `vt-export-onnx` console script: `export_onnx_command`; returns the exit status."""
-    return run_cli(export_onnx_command, argv, prog="vt-export-onnx")
+    return run_cli(without_weight_progress_bars(export_onnx_command), argv, prog="vt-export-onnx")
 
 
 def export_ctranslate2_main(argv: list[str] | None = None) -> int:
     """The `vt-export-ctranslate2` console script: `export_ctranslate2_command`; returns the exit status."""
-    return run_cli(export_ctranslate2_command, argv, prog="vt-export-ctranslate2")
+    return run_cli(without_weight_progress_bars(export_ctranslate2_command), argv, prog="vt-export-ctranslate2")
 
 
 def export_marian_main(argv: list[str] | None = None) -> int:
     """The `vt-export-marian` console script: `export_marian_command`; returns the exit status."""
-    return run_cli(export_marian_command, argv, prog="vt-export-marian")
+    return run_cli(without_weight_progress_bars(export_marian_command), argv, prog="vt-export-marian")
