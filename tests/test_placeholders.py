@@ -205,6 +205,14 @@ def test_tags_crossed_by_the_model_are_retried_masked():
     assert result.translation == "<b>Bold <i>and italic</i></b> text" and result.attempts == ["verbatim", "percent"]
 
 
+def test_segments_fallback_refuses_a_piece_answered_with_nothing():
+    def drops_placeholders_and_short_pieces(batch):
+        return ["" if len(text.strip()) < 4 else text.replace("%s", "").upper() for text in batch]
+
+    result = translate_protected(drops_placeholders_and_short_pieces, ["Open %s now"], [C], retry=("segments",))[0]
+    assert result.translation is None and result.attempts == ["verbatim", "segments"]  # not "OPEN %s"
+
+
 def test_model_underscore_is_not_an_invented_accelerator():
     # "service_browser" has no accelerator; "Dienst_browser" must not count as one.
     assert same_placeholders("service_browser failed: %s", "Dienst_browser fehlgeschlagen: %s", C)
