@@ -18,6 +18,7 @@ import pytest
 from tests.onnx_helpers import SENTENCES, trained_export_dir, trained_int8_export_dir
 from tests.serve_helpers import live_server, make_service, serve_process, tiny_spec, wait_ready
 from vanilla_transformer_ort import OrtTranslator
+from vanilla_transformer_ort.placeholders import ENTITY, MARKUP
 from vanilla_transformer_ort.serve.app import create_app
 from vanilla_transformer_ort.serve.service import TranslationService, load_translators
 from vanilla_transformer_ort.serve.settings import ServeSettings
@@ -108,6 +109,8 @@ def test_empty_text_spaces_and_lines_are_kept(oracle):
 
 
 def test_html_keeps_tags_entities_and_code(oracle):
+    """The tiny model knows no tags: every attempt with the sentence's tags in it loses them, and the last retry
+    translates the text between them piece by piece; the markup comes back as it was."""
     html = '<p class="x">a b</p> &amp; <b>c</b><code>q r</code><!-- z --><br/>'
 
     async def scenario(client):
@@ -116,6 +119,104 @@ def test_html_keeps_tags_entities_and_code(oracle):
     answer = run_app(make_service(), scenario).json()["translatedText"]
     a_b, c = single(oracle, "a b"), single(oracle, "c")
     assert answer == f'<p class="x">{a_b}</p> &amp; <b>{c}</b><code>q r</code><!-- z --><br/>'
+
+
+# What a model keeps as it is in an HTML sentence: its tags and the entities it was given.
+KEPT = re.compile(f"{MARKUP}|{ENTITY}")
+
+
+def upper_words(text: str) -> str:
+    """A "translation" that changes every word and copies the tags and entities: upper case outside them."""
+    pieces, last = [], 0
+    for match in KEPT.finditer(text):
+        pieces += [text[last : match.start()].upper(), match.group()]
+        last = match.end()
+    return "".join(pieces) + text[last:].upper()
+
+
+def html_answer(model, q, **settings):
+    """`q` translated as HTML by a service whose model is `model(text) -> text`; (answer, texts the model got)."""
+    service = make_service(**settings)
+    sent: list[str] = []
+
+    async def fake_model(pair, texts):
+        sent.extend(texts)
+        return [model(text) for text in texts]
+
+    service._translate_segments = fake_model
+
+    async def scenario(client):
+        return await post(client, q=q, format="html")
+
+    return run_app(service, scenario).json()["translatedText"], sent
+
+
+def test_html_sentences_keep_their_inline_tags_around_the_right_words():
+    """The model gets the sentence with its tags, and the tags come back where it put them."""
+    source = "The file <b>report.txt</b> could not be saved."
+    german = {source: "Die Datei <b>report.txt</b> konnte nicht gespeichert werden."}  # docs/serving.md's example
+    answer, sent = html_answer(lambda text: german.get(text, text), f"<p>{source}</p>")
+    assert sent == ["The file <b>report.txt</b> could not be saved."]
+    assert answer == "<p>Die Datei <b>report.txt</b> konnte nicht gespeichert werden.</p>"
+
+
+def test_html_tags_with_attributes_and_entities_move_with_their_words():
+    """A model that breaks tags (drops < and >) and reverses the word order: the sentence is retried with its tags
+    masked (%1, %2), and the link, attributes and all, comes back around the word it was around; `&amp;` reaches
+    the model as `&` and the answer as `&amp;`."""
+    html = 'Click <a href="/x?a=1&amp;b=2" title="Tom &amp; Jerry">here</a> to save &amp; exit.'
+
+    def reverse_words(text: str) -> str:
+        return " ".join(reversed(text.replace("<", "").replace(">", "").split(" ")))
+
+    answer, sent = html_answer(reverse_words, html)
+    assert sent[0] == 'Click <a href="/x?a=1&amp;b=2" title="Tom &amp; Jerry">here</a> to save & exit.'
+    assert sent[1:] == ["Click %1here%2 to save & exit."]
+    assert answer == 'exit. &amp; save to <a href="/x?a=1&amp;b=2" title="Tom &amp; Jerry">here</a> Click'
+
+
+def test_html_entities_blocks_verbatim_elements_and_nesting():
+    html = (
+        "<h1>Caf&eacute; &quot;Le Monde&quot;</h1><ul><li>Run <code>ls -l</code> in <em>your <b>home</b> "
+        "folder</em>.</li><li>x&nbsp;&lt;y&gt; &amp; z<br>next</li></ul>"
+    )
+    answer, sent = html_answer(upper_words, html)
+    assert sent == [
+        'Café "Le Monde"',
+        'Run <code id="0"/> in <em>your <b>home</b> folder</em>.',
+        "x&nbsp;&lt;y&gt; & z",
+        "next",
+    ]
+    assert answer == (
+        "<h1>CAFÉ &quot;LE MONDE&quot;</h1><ul><li>RUN <code>ls -l</code> IN <em>YOUR <b>HOME</b> "
+        "FOLDER</em>.</li><li>X&nbsp;&lt;Y&gt; &amp; Z<br>NEXT</li></ul>"
+    )
+    assert html_answer(lambda text: text, html)[0] == html  # a model that echoes gives the page back as it was
+
+
+def test_html_tags_crossed_by_the_model_are_retried():
+    def crosses(text: str) -> str:
+        return upper_words(text.replace("</i></b>", "</b></i>"))
+
+    answer, sent = html_answer(crosses, "<p>Say <b>hello <i>world</i></b> now</p>")
+    assert sent == ["Say <b>hello <i>world</i></b> now", "Say %1hello %2world%3%4 now"]
+    assert answer == "<p>SAY <b>HELLO <i>WORLD</i></b> NOW</p>"
+
+
+def test_html_tags_are_protected_even_without_placeholder_protection():
+    answer, _ = html_answer(str.upper, "<p>a <b>b</b> %s</p>", protect_placeholders=False)
+    assert answer == "<p>A <b>B</b> %s</p>"  # <B> is not <b>: retried with masks
+
+
+def test_html_with_the_tiny_model_keeps_every_tag_in_order(oracle):
+    html = '<p>a <b>b c</b> d <a href="x">e <i>f</i></a> g.</p><p>h&amp;i <span>j</span></p>'
+
+    async def scenario(client):
+        return await post(client, q=html, format="html")
+
+    answer = run_app(make_service(), scenario).json()["translatedText"]
+    assert re.findall("<[^>]*>", answer) == re.findall("<[^>]*>", html)
+    assert "&" not in re.sub(ENTITY, "", answer)  # what the model wrote is escaped
 
 
 # -- batching --------------------------------------------------------------------------------------------------

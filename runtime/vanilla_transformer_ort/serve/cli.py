@@ -71,7 +71,9 @@ def build_parser():
         )
     parser.add_argument("--no_batching", action="store_true", help="never batch different requests together")
     parser.add_argument(
-        "--no_protect_placeholders", action="store_true", help="translate %%s, {0}, <b> ... as plain text (unsafe)"
+        "--no_protect_placeholders",
+        action="store_true",
+        help="translate %%s, {0}, <b> ... as plain text (unsafe; format=html still keeps its tags)",
     )
     parser.add_argument("--api_keys", default=None, metavar="FILE", help="require api_key: valid keys, one a line")
     parser.add_argument("--log_level", default="info", choices=["debug", "info", "warning", "error"])

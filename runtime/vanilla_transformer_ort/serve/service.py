@@ -1,9 +1,9 @@
 """The translation service behind the HTTP API: the served pairs, their batch schedulers and the metrics.
 
 `TranslationService` is independent of the web framework: the FastAPI app (`app.py`) and the Ray Serve deployment
-(`ray_serve.py`) both call `translate`. A request's texts are cut into segments (`text.py`), identical segments of
-one request are translated once, every segment goes through its pair's `BatchScheduler`, and the translations are
-put back between the copied pieces.
+(`ray_serve.py`) both call `translate`. A request's texts are cut into segments (`text.py`; an HTML sentence with its
+inline tags), identical segments of one request are translated once, every segment goes through its pair's
+`BatchScheduler`, and the translations are put back between the copied pieces.
 """
 
 from __future__ import annotations
@@ -222,15 +222,15 @@ class TranslationService:
             raise RequestError(503, "the models are still loading; retry shortly")
         pair = self.pairs[(source, target)]
         cut = [split(text, text_format) for text in texts]
-        segments = list(dict.fromkeys(piece.text for pieces in cut for piece in pieces if piece.translate))
+        segments = list(dict.fromkeys(piece.source for pieces in cut for piece in pieces if piece.translate))
         if not segments:
             return [join(pieces, []) for pieces in cut]
-        if self.settings.protect_placeholders:
+        if self.settings.protect_placeholders or text_format == "html":  # an HTML sentence's tags are always kept
             translations = await self._translate_protected(pair, segments)
         else:
             translations = await self._translate_segments(pair, segments)
         by_segment = dict(zip(segments, translations, strict=True))
-        return [join(pieces, [by_segment[p.text] for p in pieces if p.translate]) for pieces in cut]
+        return [join(pieces, [by_segment[p.source] for p in pieces if p.translate]) for pieces in cut]
 
     async def _translate_segments(self, pair: ServedPair, segments: list[str]) -> list[str]:
         """The model's translations of `segments`, through the pair's batch scheduler."""
