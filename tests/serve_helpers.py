@@ -86,7 +86,7 @@ def live_server(service: TranslationService):
 def serve_process(*args: str) -> tuple[subprocess.Popen, str]:
     """`python -m vanilla_transformer_ort.serve ARGS --port P` as a subprocess; (process, base URL)."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'runtime'}"}  # this checkout's runtime
     process = subprocess.Popen(
         [sys.executable, "-m", "vanilla_transformer_ort.serve", *args, "--port", str(port), "--threads", "1"],
         stdout=subprocess.PIPE,

@@ -8,6 +8,7 @@ trains or loads a model, so the module takes seconds.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -215,7 +216,7 @@ def test_help_lists_each_flag_once(capsys):
 
 
 def _run_subprocess(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    environment = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'runtime'}", **(env or {})}
     return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=environment, cwd=ROOT)
 
 
@@ -296,6 +297,58 @@ def test_missing_onnxruntime_names_the_extra(tmp_path):
     assert hint in result.stdout, result.stdout + result.stderr
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1 and '"./runtime[gpu]"' in result.stderr
+
+
+# The modules each optional extra of the two distributions brings (the gpu extra is onnxruntime under another name;
+# dev and docs are for working on the project).
+OPTIONAL_MODULES = {
+    "train": ["accelerate", "datasets", "evaluate", "sacrebleu", "tensorboard", "matplotlib"],
+    "onnx": ["onnx", "onnxscript", "onnxruntime"],
+    "cpu": ["onnxruntime"],
+    "ctranslate2": ["ctranslate2"],
+    "marian": ["sentencepiece"],
+    "serve": ["fastapi", "uvicorn", "prometheus_client", "python_multipart", "multipart", "uvloop", "httptools"],
+    "ray": ["ray"],
+}
+# Makes the optional modules unimportable in a fresh interpreter, as on a machine without the extras.
+HIDDEN = sorted({name for names in OPTIONAL_MODULES.values() for name in names})
+HIDE_OPTIONAL = f"import sys\nfor name in {HIDDEN!r}:\n    sys.modules[name] = None\n"
+
+
+def test_every_help_works_without_the_optional_extras():
+    """`--help` of every console script answers (status 0, its usage) with no optional package importable."""
+    extras = {*PROJECT["optional-dependencies"], *RUNTIME_PROJECT["optional-dependencies"]} - {"gpu", "dev", "docs"}
+    assert extras == set(OPTIONAL_MODULES), "a new extra: list its modules in OPTIONAL_MODULES"
+    code = HIDE_OPTIONAL + (
+        "import contextlib, importlib, io, json\n"
+        "statuses = {}\n"
+        f"for name, target in {SCRIPTS!r}.items():\n"
+        "    module, _, function = target.partition(':')\n"
+        "    out = io.StringIO()\n"
+        "    try:\n"
+        "        with contextlib.redirect_stdout(out):\n"
+        "            status = getattr(importlib.import_module(module), function)(['--help'])\n"
+        "    except SystemExit as exit_info:\n"
+        "        status = exit_info.code\n"
+        "    statuses[name] = [status, out.getvalue().startswith('usage: ' + name)]\n"
+        "print(json.dumps(statuses))\n"
+    )
+    result = _run_subprocess("-c", code)
+    assert result.returncode == 0, result.stderr
+    statuses = json.loads(result.stdout.strip().splitlines()[-1])
+    assert statuses == {name: [0, True] for name in SCRIPTS}, result.stderr
+
+
+def test_a_missing_ctranslate2_names_its_extra(tmp_path):
+    """vt-export-ctranslate2 without ctranslate2: one line naming the package and the extra that installs it."""
+    code = HIDE_OPTIONAL + (
+        "from vanilla_transformer_cli import export_ctranslate2_main\n"
+        f"sys.exit(export_ctranslate2_main(['--model', {str(tmp_path)!r}, '--output', {str(tmp_path / 'ct2')!r}]))\n"
+    )
+    result = _run_subprocess("-c", code)
+    assert_one_line_error(
+        result.returncode, result.stderr, "ctranslate2 is missing", "pip install -e '.[ctranslate2]'"
+    )
 
 
 def test_exporter_noise_is_hidden_unless_debug(capsys, caplog):

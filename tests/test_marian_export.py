@@ -583,6 +583,19 @@ def test_cli_refuses_a_model_folder_without_tokenizer(tmp_path, capsys):
     assert (tmp_path / "out" / "tokenizer.json").is_file()
 
 
+def test_weight_progress_bars_show_only_with_debug(tmp_path, capsys):
+    """transformers' "Loading weights" and "Writing model shards" bars stay off a plain run's stderr; --debug
+    shows them."""
+    folder = model_folder(tmp_path, make_model())
+    capsys.readouterr()
+    assert export_marian_main(["--model", str(folder), "--output", str(tmp_path / "plain")]) == 0
+    plain = capsys.readouterr().err
+    assert export_marian_main(["--model", str(folder), "--output", str(tmp_path / "debug"), "--debug"]) == 0
+    debug = capsys.readouterr().err
+    for bar in ("Loading weights", "Writing model shards"):
+        assert bar not in plain and bar in debug, (bar, plain)
+
+
 def test_cli_refuses_a_missing_model_folder(tmp_path, capsys):
     status, error = run_cli(capsys, "--model", str(tmp_path / "nowhere"), "--output", str(tmp_path / "out"))
     assert_one_line_error(status, error, "nowhere")

@@ -75,6 +75,23 @@ def test_restore_refuses_stray_percent_or_brace_under_a_format_flag():
     assert restore("Kann { 0 } öffnen", protect("Open %s", C)) == "Kann %s öffnen"
 
 
+def test_restore_refuses_tags_out_of_order():
+    """Tags may move with their words, never out of their pairs: an end tag before its start tag, or elements
+    crossed, is broken markup even though every tag is there."""
+    protected = protect('The <b>file</b> is in <a href="x">your <i>home</i> folder</a>.', style="none")
+    assert restore('<b>Die Datei</b> liegt in <a href="x">deinem <i>Ordner</i></a>.', protected) is not None
+    assert restore('In <a href="x"><i>home</i> your</a> is the <b>file</b>.', protected) is not None
+    assert restore('The </b>file<b> is in <a href="x">your <i>home</i> folder</a>.', protected) is None
+    assert restore('The <b>file</b> is in <a href="x">your <i>home</a> folder</i>.', protected) is None
+    masked = protect("<b>A <i>b</i></b> c", style="brace")
+    assert masked.masked == "{0}A {1}b{2}{3} c"
+    assert restore("{0}A {1}b{2}{3} C", masked) == "<b>A <i>b</i></b> C"
+    assert restore("{0}A {1}b{3}{2} C", masked) is None
+    # void and self-closing elements pair with nothing; a source's own unpaired tag may stay unpaired
+    assert restore("A<br>B <x/> C", protect("a <x/> b<br>c", style="none")) is not None
+    assert restore("</p>A", protect("a</p>", style="none")) is not None
+
+
 def test_reordered_printf_becomes_positional_under_c_format_only():
     assert restore("{1} Dateien in {0}", protect("In %s: %d files", C)) == "%2$d Dateien in %1$s"
     assert restore("{1} Dateien in {0}", protect("In %s: %d files", ("python-format",))) is None
@@ -178,6 +195,22 @@ def test_segments_fallback_keeps_placeholders_in_source_order():
 
     result = translate_protected(drops_placeholders, ["Open %s: %d files"], [C], retry=("segments",))[0]
     assert result.translation == "Open %s: %d files" and result.attempts == ["verbatim", "segments"]
+
+
+def test_tags_crossed_by_the_model_are_retried_masked():
+    def crosses_tags(batch):  # moves </i> after </b> as it is; copies masks
+        return [text.replace("</i></b>", "</b></i>") for text in batch]
+
+    result = translate_protected(crosses_tags, ["<b>Bold <i>and italic</i></b> text"])[0]
+    assert result.translation == "<b>Bold <i>and italic</i></b> text" and result.attempts == ["verbatim", "percent"]
+
+
+def test_segments_fallback_refuses_a_piece_answered_with_nothing():
+    def drops_placeholders_and_short_pieces(batch):
+        return ["" if len(text.strip()) < 4 else text.replace("%s", "").upper() for text in batch]
+
+    result = translate_protected(drops_placeholders_and_short_pieces, ["Open %s now"], [C], retry=("segments",))[0]
+    assert result.translation is None and result.attempts == ["verbatim", "segments"]  # not "OPEN %s"
 
 
 def test_model_underscore_is_not_an_invented_accelerator():

@@ -88,8 +88,59 @@ def test_pytorch_model_folder_and_in_place(pot, tmp_path, capsys):
     po.write_text(POT.replace('"Content-Type', '"Language: de\\n"\n"Content-Type'), encoding="utf-8")
     status, err = run_cli(capsys, po, "--in_place", "--model", trained_model_dir(), "--no-fuzzy", "--batch_size", "2")
     assert status == 0, err
+    assert "Loading weights" not in err  # transformers' bar: only with --debug
     entries = {entry.msgid: entry for entry in polib.pofile(str(po))}
     assert entries["a b c"].msgstr and "fuzzy" not in entries["a b c"].flags
+
+
+FUZZY_PO = r"""msgid ""
+msgstr ""
+"Language: de\n"
+"Content-Type: text/plain; charset=UTF-8\n"
+"Plural-Forms: nplurals=2; plural=(n != 1);\n"
+
+#, fuzzy
+#| msgid "a b"
+msgid "a b c"
+msgstr "x"
+
+#, fuzzy, c-format
+#| msgid "q r %s"
+msgid "q r %s s"
+msgstr "y %s"
+
+#, fuzzy
+#| msgid "m"
+#| msgid_plural "m %d"
+msgid "m n"
+msgid_plural "m n %d"
+msgstr[0] "z"
+msgstr[1] "z %d"
+
+#, fuzzy
+#| msgctxt "old"
+msgctxt "ctx"
+msgid "h e"
+msgstr "w"
+"""
+
+
+def test_overwrite_no_fuzzy_clears_the_mark_of_retranslated_entries(export_dir, tmp_path, capsys):
+    """Entries msgmerge left fuzzy, retranslated with --overwrite --no_fuzzy, come out translated: no fuzzy flag,
+    no "#|" note of a previous msgid; msgfmt counts them as translated."""
+    po, output = tmp_path / "de.po", tmp_path / "new.po"
+    po.write_text(FUZZY_PO, encoding="utf-8")
+    status, err = run_cli(capsys, po, output, "--model", export_dir, "--overwrite", "--no_fuzzy")
+    assert status == 0, err
+    assert ", 0 left untranslated" in err
+    entries = [entry for entry in polib.pofile(str(output)) if entry.msgid]
+    assert len(entries) == 4 and not any("fuzzy" in entry.flags for entry in entries)
+    assert entries[1].flags == ["c-format"]
+    assert all(entry.previous_msgid is entry.previous_msgctxt is None for entry in entries)
+    assert entries[0].msgstr != "x" and entries[3].msgstr != "w"  # retranslated, not only unmarked
+    if shutil.which("msgfmt"):
+        check = subprocess.run(["msgfmt", "--statistics", "-o", "/dev/null", str(output)], capture_output=True)
+        assert check.stderr.decode().strip() == "4 translated messages."
 
 
 def test_version(capsys):

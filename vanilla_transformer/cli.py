@@ -23,7 +23,7 @@ from vanilla_transformer_ort.cli_common import (
 )
 
 from .cli_parsers import CONFIG_FILE, _hf_parser, _parser, check_model_folder
-from .progress import show_package_progress
+from .progress import show_package_progress, without_weight_progress_bars
 
 MODEL_CARD_TEMPLATE = Path(__file__).resolve().parents[1] / "model_card.md"  # at the root of a checkout
 MARIAN_MODEL_CARD_TEMPLATE = MODEL_CARD_TEMPLATE.with_name("model_card_marian.md")  # for --format marian
@@ -420,11 +420,11 @@ def _console_script(
 ) -> Callable[[list[str] | None], int]:
     """`command` as the console script `prog`: its exit status is the int it returns, else 0 (what it made is for
     Python callers; the console-script wrapper passes a return value to `sys.exit`), and a user error is one line
-    on stderr with status 2 (`run_cli`)."""
+    on stderr with status 2 (`run_cli`). transformers' weight loading and saving bars show only with `--debug`."""
 
     @functools.wraps(command)
     def main(argv: list[str] | None = None) -> int:
-        return run_cli(command, argv, prog=prog, debug_flag=debug_flag)
+        return run_cli(without_weight_progress_bars(command), argv, prog=prog, debug_flag=debug_flag)
 
     return main
 

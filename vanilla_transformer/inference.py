@@ -81,8 +81,13 @@ def load_batch_translator(
 ):
     """`translate_batch(texts) -> translations` over a trained model folder: the PyTorch backend the runtime's
     commands (`vt-translate-po --model FOLDER`) find under the `vanilla_transformer_ort.backends` entry point."""
+    from vanilla_transformer_ort.cli_common import debug_requested
+
+    from .progress import weight_progress_bars
+
     torch.set_num_threads(threads)
-    model, tokenizer = load_translation_model(path, device=device)
+    with weight_progress_bars(debug_requested()):  # the weight bar only with the command's --debug
+        model, tokenizer = load_translation_model(path, device=device)
     return lambda batch: translate(
         model, tokenizer, list(batch), batch_size=max(len(batch), 1), num_beams=num_beams, show_progress=False
     )

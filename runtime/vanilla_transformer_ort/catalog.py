@@ -205,6 +205,9 @@ def pretranslate(
 ) -> Report:
     """Fill the catalog's untranslated entries (all with `overwrite`) in place and return a `Report`.
 
+    Every entry written is marked fuzzy, or with `mark_fuzzy=False` written without the mark (a fuzzy entry
+    retranslated with `overwrite` loses its mark and msgmerge's notes of the previous msgid).
+
     Every selected entry's texts (msgid, and msgid_plural for plural entries) go through `translate_protected`;
     an entry whose placeholders did not survive every attempt stays untranslated and is listed in the report.
     `protection=False` sends the raw text and writes whatever comes back: the baseline of benchmarks/po_quality.py,
@@ -263,6 +266,9 @@ def fill_entry(entry, results: list[Result], nplurals: int, singular: set[int], 
         report.retried += any(result.status == "retried" for result in results)
     if mark_fuzzy and "fuzzy" not in entry.flags:
         entry.flags.append("fuzzy")
+    elif not mark_fuzzy and "fuzzy" in entry.flags:  # the old mark was about the translation just replaced
+        entry.flags.remove("fuzzy")
+        entry.previous_msgctxt = entry.previous_msgid = entry.previous_msgid_plural = None  # msgmerge's "#|" notes
 
 
 def print_progress(done: int, total: int, stream=sys.stderr) -> None:

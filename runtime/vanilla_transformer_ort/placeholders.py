@@ -48,6 +48,9 @@ MARKUP = (
     r"</?[A-Za-z][A-Za-z0-9:_-]*(?:\s+[A-Za-z_:][-A-Za-z0-9_:.]*(?:\s*=\s*(?:\"[^\"]*\"|'[^']*'|[^\s>]+))?)*\s*/?>"
 )
 ENTITY = r"&(?:[A-Za-z][A-Za-z0-9]*|#[0-9]+|#x[0-9A-Fa-f]+);"
+VOID_ELEMENTS = frozenset(  # HTML elements without an end tag: `<br>`, `<img ...>`
+    {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr"}
+)
 URL = r"(?:https?|ftp|file)://[^\s<>\"']*[^\s<>\"'.,;:!?)\]]"
 EMAIL = r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
 ESCAPE = r"\\[\\nrtabfv\"'0-7xu]"  # a literal backslash escape left in the text (polib unescapes the PO syntax)
@@ -275,12 +278,40 @@ def restore(translation: str, protected: Protected) -> str | None:
     result = protected.prefix + restored + protected.suffix
     if not same_placeholders(protected.source, result, protected.flags):
         return None  # the model wrote a directive of its own (e.g. "50 % der" is "% d")
+    if tag_pairing(result, protected.flags) != tag_pairing(protected.source, protected.flags):
+        return None  # the tags came back out of order: "</b>…<b>", "<b><i>…</b></i>"
     if has_stray_syntax(result, protected.flags):
         return None
     source = protected.source
     if (result[:1] == "\n") != (source[:1] == "\n") or (result[-1:] == "\n") != (source[-1:] == "\n"):
         return None  # msgfmt: msgid and msgstr must begin and end alike (a break token moved to an edge)
     return result
+
+
+def tag_pairing(text: str, flags: Sequence[str] = ()) -> tuple[Counter, bool]:
+    """The markup of `text` read as nested elements: (the start and end tags that close or open nothing, whether an
+    end tag closed an element with another still open inside it, as in `<b><i></b></i>`). A translation must give
+    what its source gives: then every element its source opens and closes is closed after it opens, around the
+    elements it holds."""
+    open_tags: list[tuple[str, str]] = []  # (name, tag) of the elements open, innermost last
+    unpaired: Counter = Counter()
+    crossed = False
+    for span in find_spans(text, flags, "none"):
+        name = re.match(r"</?([A-Za-z][A-Za-z0-9:_-]*)", span.text) if span.kind == "markup" else None
+        if name is None or span.text.endswith("/>") or name.group(1).lower() in VOID_ELEMENTS:
+            continue
+        name = name.group(1).lower()
+        if not span.text.startswith("</"):
+            open_tags.append((name, span.text))
+        elif name not in [open_name for open_name, _ in open_tags]:
+            unpaired[span.text] += 1
+        else:
+            while open_tags[-1][0] != name:
+                crossed = True
+                unpaired[open_tags.pop()[1]] += 1
+            open_tags.pop()
+    unpaired.update(tag for _, tag in open_tags)
+    return unpaired, crossed
 
 
 def has_stray_syntax(text: str, flags: Sequence[str]) -> bool:

@@ -44,7 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", required=True, help="ONNX export folder, or a PyTorch model folder (needs torch)")
     parser.add_argument("--target_lang", help="language code for the header (default: the catalog's Language)")
     parser.add_argument("--overwrite", action="store_true", help="retranslate every entry, not only untranslated ones")
-    parser.add_argument("--no_fuzzy", action="store_true", help="do not mark the machine translations fuzzy")
+    parser.add_argument(
+        "--no_fuzzy",
+        action="store_true",
+        help="do not mark the machine translations fuzzy (with --overwrite: clear the mark of those retranslated)",
+    )
     parser.add_argument("--in_place", action="store_true", help="write over INPUT (a .po)")
     parser.add_argument(
         "--plural_forms", help="Plural-Forms when the header has none, e.g. 'nplurals=2; plural=(n != 1);'"

@@ -102,6 +102,8 @@ def translate_protected(
         wanted = [i for i, piece in enumerate(pieces) if any(c.isalpha() for c in piece)]
 
         def finish(outputs: list[str]) -> str | None:
+            if any(not output.strip() for output in outputs):
+                return None  # a piece with words came back empty: its words would be lost
             translated = list(pieces)
             for i, output in zip(wanted, outputs, strict=True):
                 lead = pieces[i][: len(pieces[i]) - len(pieces[i].lstrip())]

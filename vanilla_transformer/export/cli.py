@@ -20,6 +20,7 @@ from typing import Any
 from vanilla_transformer_ort.cli_common import UserError, add_flag_alias, debug_requested, make_parser, run_cli
 
 from .. import __version__
+from ..progress import without_weight_progress_bars
 
 EXPORT_ONNX_DOC = """Export a trained model folder to ONNX. --layout vanilla (the default): this package's runtime
 layout (encoder, one-step decoder and helper graphs; export/README.md). --layout optimum: the standard layout that
@@ -177,7 +178,7 @@ def _export_standard_layout(args: argparse.Namespace) -> Path:
 def export_ctranslate2_command(argv: list[str] | None = None):
     """`export_ctranslate2` with the command-line options; prints the files written and returns the output folder.
     Errors raise (`export_ctranslate2_main` turns user errors into one line and exit status 2)."""
-    from .ctranslate2_export import QUANTIZATIONS, export_ctranslate2  # needs the ctranslate2 package
+    from . import CTRANSLATE2_QUANTIZATIONS
 
     parser = _export_parser(
         "vt-export-ctranslate2",
@@ -185,7 +186,9 @@ def export_ctranslate2_command(argv: list[str] | None = None):
         EXPORT_CTRANSLATE2_EXAMPLE,
         "CTranslate2 model folder to write",
     )
-    parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None, help="weight type (default float32)")
+    parser.add_argument(
+        "--quantization", choices=CTRANSLATE2_QUANTIZATIONS, default=None, help="weight type (default float32)"
+    )
     parser.add_argument(
         "--max_positions",
         type=int,
@@ -195,6 +198,14 @@ def export_ctranslate2_command(argv: list[str] | None = None):
     )
     parser.add_argument("--force", action="store_true", help="overwrite --output if it exists")
     args = parser.parse_args(argv)
+    try:
+        from .ctranslate2_export import export_ctranslate2
+    except ImportError as error:
+        if (error.name or "").split(".")[0] != "ctranslate2":
+            raise
+        raise UserError(
+            "ctranslate2 is missing: install the ctranslate2 extra; from a checkout, pip install -e '.[ctranslate2]'"
+        ) from None
 
     try:
         output = export_ctranslate2(
@@ -238,14 +249,14 @@ def export_marian_command(argv: list[str] | None = None) -> Path:
 
 def export_onnx_main(argv: list[str] | None = None) -> int:
     """The `vt-export-onnx` console script: `export_onnx_command`; returns the exit status."""
-    return run_cli(export_onnx_command, argv, prog="vt-export-onnx")
+    return run_cli(without_weight_progress_bars(export_onnx_command), argv, prog="vt-export-onnx")
 
 
 def export_ctranslate2_main(argv: list[str] | None = None) -> int:
     """The `vt-export-ctranslate2` console script: `export_ctranslate2_command`; returns the exit status."""
-    return run_cli(export_ctranslate2_command, argv, prog="vt-export-ctranslate2")
+    return run_cli(without_weight_progress_bars(export_ctranslate2_command), argv, prog="vt-export-ctranslate2")
 
 
 def export_marian_main(argv: list[str] | None = None) -> int:
     """The `vt-export-marian` console script: `export_marian_command`; returns the exit status."""
-    return run_cli(export_marian_command, argv, prog="vt-export-marian")
+    return run_cli(without_weight_progress_bars(export_marian_command), argv, prog="vt-export-marian")

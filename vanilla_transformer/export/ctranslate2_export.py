@@ -25,8 +25,8 @@ from ..cli_parsers import check_model_folder
 from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..model.embeddings import sinusoidal_positional_encoding
 from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from . import CTRANSLATE2_QUANTIZATIONS as QUANTIZATIONS
 
-QUANTIZATIONS = ("int8", "int8_float32", "float16")
 MIN_POSITIONS = 1024  # default rows of the position table: max(MIN_POSITIONS, config.max_position_embeddings)
 # CTranslate2 activations by transformers name (ACT2FN's "gelu" is the exact erf form: CTranslate2's GELU).
 ACTIVATION_NAMES = {"relu": "RELU", "gelu": "GELU", "silu": "SWISH", "swish": "SWISH"}

@@ -22,12 +22,14 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-from datasets import Dataset, DatasetDict
 from transformers.utils import logging
 
 from .gettext_corpus import DEFAULT_LOCALE_DIR, fold_whitespace, gettext_corpus
+
+if TYPE_CHECKING:  # imported where used: `--help` of the training commands works without the train extra
+    from datasets import Dataset, DatasetDict
 
 logger = logging.get_logger(__name__)
 
@@ -184,6 +186,8 @@ def read_parallel_file(path: str | os.PathLike, source_lang: str, target_lang: s
         FileNotFoundError: the file (or one of the Moses pair) does not exist.
         ValueError: the header lacks the language columns, a line is malformed, or the file holds no pair.
     """
+    from datasets import Dataset
+
     sources, targets = [], []
     for source, target in iter_parallel_file(path, source_lang, target_lang):
         sources.append(source)
@@ -385,6 +389,8 @@ def normalize_translation_dataset(dataset: DatasetDict, source_lang: str, target
         normalized[split] = part
     if "train" not in normalized:
         raise ValueError(f"The dataset has no `train` split (found {sorted(normalized)}).")
+    from datasets import DatasetDict
+
     return DatasetDict(normalized)
 
 
@@ -416,6 +422,8 @@ def write_tsv(dataset: DatasetDict, out_dir: str | os.PathLike, source_lang: str
 
 def load_parallel_data(args: DataArguments) -> DatasetDict:
     """Load the corpus the arguments name: local files, else a Hub dataset, else the gettext default."""
+    from datasets import DatasetDict
+
     if args.train_file or args.validation_file or args.test_file:
         if not args.train_file:
             raise ValueError("--validation_file/--test_file were given without --train_file.")

@@ -10,9 +10,12 @@ import hashlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from datasets import Dataset, DatasetDict
 from transformers.utils import logging
+
+if TYPE_CHECKING:  # imported where used: `--help` of the training commands works without the train extra
+    from datasets import DatasetDict
 
 logger = logging.get_logger(__name__)
 
@@ -185,4 +188,6 @@ def gettext_corpus(
         + " pairs"
         + (f" (test: the held-out catalogs {', '.join(sorted(heldout))})." if heldout else ".")
     )
+    from datasets import Dataset, DatasetDict
+
     return DatasetDict({split: Dataset.from_dict(columns[split]) for split in SPLITS})

@@ -17,8 +17,10 @@ from typing import Any
 from transformers import Seq2SeqTrainingArguments
 from transformers.utils import logging
 
+from vanilla_transformer_ort.cli_common import debug_requested
+
 from ..inference import load_translation_model, translate
-from ..progress import show_package_progress
+from ..progress import show_package_progress, weight_progress_bars
 from .data import DataArguments, write_tsv
 from .experiment import ModelArguments, run_training
 from .gettext_corpus import DEFAULT_LOCALE_DIR, gettext_corpus
@@ -231,8 +233,10 @@ def run_main_job(args: MainJobArguments) -> dict[str, Any]:
     if processes > 1:
         logger.info(f"[main job] training in {processes} processes (DDP over gloo) of {threads} thread(s) each")
     show_progress = _package_logs_shown()
+    show_weight_bars = debug_requested()  # for the spawned processes, which start without the command's state
     results = run_in_processes(
-        _train, (model_args, data_args, training_kwargs, recipe, deadline, corpus_name, show_progress),
+        _train, (model_args, data_args, training_kwargs, recipe, deadline, corpus_name, show_progress,
+                 show_weight_bars),
         num_processes=processes, threads=threads,
     )[0]  # fmt: skip
     now = lap("train_and_evaluate", now)
@@ -290,8 +294,11 @@ def serve_command(onnx_dir: Path, target_lang: str) -> str:
     return f"vt-serve en-{target_lang}={onnx_dir} --port 5000"
 
 
-def _train(model_args, data_args, training_kwargs, recipe, deadline, corpus, show_progress) -> dict[str, Any]:
-    """The training step of the job, in each training process: train, evaluate on the test split, save."""
+def _train(
+    model_args, data_args, training_kwargs, recipe, deadline, corpus, show_progress, show_weight_bars
+) -> dict[str, Any]:
+    """The training step of the job, in each training process: train, evaluate on the test split, save (the weight
+    saving bars only with `show_weight_bars`, the command's --debug)."""
     if rank() != 0:  # one set of progress bars and logs, from rank 0
         import datasets
 
@@ -300,10 +307,11 @@ def _train(model_args, data_args, training_kwargs, recipe, deadline, corpus, sho
     elif show_progress:
         show_package_progress()
     training_args = Seq2SeqTrainingArguments(**training_kwargs)
-    return run_training(
-        model_args, data_args, training_args, recipe, explicit={"warmup_steps", "learning_rate", "weight_decay"},
-        time_budget_s=max(1.0, deadline - time.time()), corpus=corpus,
-    )  # fmt: skip
+    with weight_progress_bars(show_weight_bars):
+        return run_training(
+            model_args, data_args, training_args, recipe, explicit={"warmup_steps", "learning_rate", "weight_decay"},
+            time_budget_s=max(1.0, deadline - time.time()), corpus=corpus,
+        )  # fmt: skip
 
 
 def _package_logs_shown() -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import sacrebleu
 
 
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:
@@ -18,6 +17,8 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[
         raise ValueError(f"Got {len(hypotheses)} hypotheses for {len(references)} references; they must pair up.")
     if not hypotheses:
         raise ValueError("Cannot score an empty test set.")
+    import sacrebleu  # here: `--help` of the training commands works without the train extra
+
     hypotheses, references = list(hypotheses), [list(references)]
     return {
         "bleu": sacrebleu.corpus_bleu(hypotheses, references).score,

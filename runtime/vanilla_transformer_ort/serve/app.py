@@ -4,7 +4,7 @@ Clients written for LibreTranslate (libretranslatepy, Weblate, translate-shell, 
 `POST /translate` takes JSON or form fields `q` (a string, or a list of strings), `source` (or "auto"), `target`,
 `format` ("text" or "html"), `api_key`; it answers `{"translatedText": ...}` of the same shape as `q`. Every error is
 `{"error": "one line"}` with LibreTranslate's status: 400 bad request, 403 API key, 413 too large, 429 queue full,
-503 shutting down or overloaded. The OpenAPI schema at `/openapi.json` (browsable at `/docs`) describes it all.
+503 shutting down or overloaded. The OpenAPI schema at `/openapi.json` describes it all.
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ class AccessLog:
             )
 
 
-KNOWN_PATHS = {"/translate", "/languages", "/health", "/ready", "/metrics", "/openapi.json", "/docs"}
+KNOWN_PATHS = {"/translate", "/languages", "/health", "/ready", "/metrics", "/openapi.json"}
 
 
 def create_app(service: TranslationService) -> FastAPI:
@@ -297,6 +297,8 @@ def create_app(service: TranslationService) -> FastAPI:
         description=__doc__,
         version=__version__,
         lifespan=lifespan,
+        docs_url=None,  # FastAPI's pages load their scripts from a CDN: blank offline; /openapi.json stays
+        redoc_url=None,
     )
     app.state.service = service
     settings = service.settings

@@ -4,8 +4,10 @@ LibreTranslate's HTTP API, with batching across requests, metrics and graceful s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import logging
+import signal
 import sys
 
 PROG = "vt-serve"
@@ -18,7 +20,8 @@ DESCRIPTION = (
     __doc__
     + """
 Each FOLDER is an export folder (vt-export-onnx) whose manifest names its pair, or SRC-TGT=FOLDER (en-de=onnx/base).
-Metrics: GET /metrics; OpenAPI: GET /docs. SIGTERM finishes accepted requests, then exits."""
+Metrics: GET /metrics; OpenAPI schema: GET /openapi.json. SIGTERM or Ctrl-C finishes accepted requests, then exits
+with status 0."""
 )
 
 
@@ -74,7 +77,9 @@ def build_parser():
         "--no_files_translation", action="store_true", help="turn off /translate_file (403) and the page's file tab"
     )
     parser.add_argument(
-        "--no_protect_placeholders", action="store_true", help="translate %%s, {0}, <b> ... as plain text (unsafe)"
+        "--no_protect_placeholders",
+        action="store_true",
+        help="translate %%s, {0}, <b> ... as plain text (unsafe; format=html still keeps its tags)",
     )
     parser.add_argument("--api_keys", default=None, metavar="FILE", help="require api_key: valid keys, one a line")
     parser.add_argument("--log_level", default="info", choices=["debug", "info", "warning", "error"])
@@ -90,6 +95,7 @@ def serve_command(argv: list[str]) -> None:
     """Parse `argv`, check every folder, load the models and serve until SIGTERM or Ctrl-C."""
     from ..cli_common import UserError
 
+    args = build_parser().parse_args(argv)  # first: --help needs none of the serve extra
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -99,7 +105,6 @@ def serve_command(argv: list[str]) -> None:
             f"{error.name} is missing: install the serve extra; from a checkout, pip install './runtime[cpu,serve]' "
             "(or pip install -e '.[onnx,serve]' with the full package)"
         ) from None
-    args = build_parser().parse_args(argv)
     if args.ray_replicas:
         run_on_ray(args)
         return
@@ -113,10 +118,13 @@ def serve_command(argv: list[str]) -> None:
             " and ".join(missing),
         )
     server.run()
+    if server.stopped_by is not None:
+        print(f"{PROG}: stopped on {server.stopped_by}", file=sys.stderr)
 
 
 def configure_logging(level: str) -> None:
-    """Server messages as `time level logger: message`; the access log as bare JSON lines (`configure_access_log`)."""
+    """Server messages, uvicorn's included, as `time level logger: message`; the access log as bare JSON lines
+    (`configure_access_log`)."""
     from .app import configure_access_log
 
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -215,6 +223,7 @@ def build_server(args: argparse.Namespace):
         host=args.host,
         port=args.port,
         access_log=False,  # the app writes its own structured access log
+        log_config=None,  # uvicorn's messages go to the root logger, in this server's format (`configure_logging`)
         log_level=args.log_level,
         timeout_graceful_shutdown=settings.request_timeout + 5,
     )
@@ -223,12 +232,26 @@ def build_server(args: argparse.Namespace):
 
 def draining_server(config, service):
     """uvicorn's server that, on SIGTERM or SIGINT, first marks the service as draining: requests already accepted
-    complete, new translations get 503 and `/ready` turns 503 while uvicorn stops listening and waits for them."""
+    complete, new translations get 503 and `/ready` turns 503 while uvicorn stops listening and waits for them.
+    After that graceful stop its `stopped_by` names the signal, and `run` returns: uvicorn would raise the signal
+    again, ending the process with status 143 (SIGTERM) or a KeyboardInterrupt (Ctrl-C). A second Ctrl-C (uvicorn's
+    forced exit, requests cut short) is still raised again."""
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
+        stopped_by: str | None = None
+
         def handle_exit(self, sig, frame):
             service.begin_draining()
             super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with super().capture_signals():
+                yield
+                captured = getattr(self, "_captured_signals", [])  # what uvicorn raises again once it has stopped
+                if captured and not self.force_exit:
+                    self.stopped_by = signal.Signals(captured[0]).name
+                    captured.clear()
 
     return DrainingServer(config)

@@ -1,9 +1,9 @@
 """The translation service behind the HTTP API: the served pairs, their batch schedulers and the metrics.
 
 `TranslationService` is independent of the web framework: the FastAPI app (`app.py`) and the Ray Serve deployment
-(`ray_serve.py`) both call `translate`. A request's texts are cut into segments (`text.py`), identical segments of
-one request are translated once, every segment goes through its pair's `BatchScheduler`, and the translations are
-put back between the copied pieces.
+(`ray_serve.py`) both call `translate`. A request's texts are cut into segments (`text.py`; an HTML sentence with its
+inline tags), identical segments of one request are translated once, every segment goes through its pair's
+`BatchScheduler`, and the translations are put back between the copied pieces.
 """
 
 from __future__ import annotations
@@ -234,16 +234,17 @@ class TranslationService:
         the queue (a 429) or running past the timeout (a 503)."""
         pair = self._serving_pair(source, target)
         cut = [split(text, text_format) for text in texts]
-        segments = list(dict.fromkeys(piece.text for pieces in cut for piece in pieces if piece.translate))
+        segments = list(dict.fromkeys(piece.source for pieces in cut for piece in pieces if piece.translate))
         if not segments:
             return [join(pieces, []) for pieces in cut]
-        translate = self._translate_protected if self.settings.protect_placeholders else self._translate_segments
+        protect = self.settings.protect_placeholders or text_format == "html"  # an HTML sentence's tags are always kept
+        translate = self._translate_protected if protect else self._translate_segments
         step = chunk_size or len(segments)
         translations = []
         for start in range(0, len(segments), step):
             translations += await translate(pair, segments[start : start + step])
         by_segment = dict(zip(segments, translations, strict=True))
-        return [join(pieces, [by_segment[p.text] for p in pieces if p.translate]) for pieces in cut]
+        return [join(pieces, [by_segment[p.source] for p in pieces if p.translate]) for pieces in cut]
 
     async def _translate_segments(self, pair: ServedPair, segments: list[str]) -> list[str]:
         """The model's translations of `segments`, through the pair's batch scheduler."""
