@@ -237,7 +237,7 @@ class TranslationService:
         segments = list(dict.fromkeys(piece.source for pieces in cut for piece in pieces if piece.translate))
         if not segments:
             return [join(pieces, []) for pieces in cut]
-        protect = self.settings.protect_placeholders or text_format == "html"  # an HTML sentence's tags are always kept
+        protect = self.settings.protect_placeholders or text_format == "html"  # HTML keeps its tags always
         translate = self._translate_protected if protect else self._translate_segments
         step = chunk_size or len(segments)
         translations = []
