@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -25,10 +25,12 @@ from ..model.loss import IGNORE_INDEX
 from .callbacks import MetricsFileCallback, TimeBudgetCallback, sum_over_ranks
 from .data import DataArguments
 from .metrics import build_compute_metrics, decode_ids
-from .prepared import PreparedCorpus, load_corpus, read_manifest
 from .recipe import RecipeArguments, apply_paper_recipe
 from .tokenization import check_special_token_ids
 from .trainer import TranslationTrainer, resolve_resume_checkpoint
+
+if TYPE_CHECKING:  # datasets is imported where used: `--help` works without the train extra
+    from .prepared import PreparedCorpus
 
 logger = logging.get_logger(__name__)
 
@@ -76,10 +78,11 @@ def load_tokenizer(data_args: DataArguments, model_args: ModelArguments):
     """The tokenizer named by --tokenizer_name, else the one saved with --model_name_or_path, else the one of the
     --prepared_data folder."""
     name = data_args.tokenizer_name or model_args.model_name_or_path
-    if not name and data_args.prepared_data and read_manifest(data_args.prepared_data) is not None:
-        from .prepared import TOKENIZER_FOLDER
+    if not name and data_args.prepared_data:
+        from .prepared import TOKENIZER_FOLDER, read_manifest
 
-        name = str(Path(data_args.prepared_data) / TOKENIZER_FOLDER)
+        if read_manifest(data_args.prepared_data) is not None:
+            name = str(Path(data_args.prepared_data) / TOKENIZER_FOLDER)
     if not name:
         raise ValueError(
             "no tokenizer: pass --tokenizer_name (train one with vt-train-tokenizer) or --model_name_or_path"
@@ -193,6 +196,8 @@ def run_training(
     check_run_arguments(training_args, model_args)
     parse_config_overrides(model_args.config_overrides)  # fail on a typo now, not after loading the data
     resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    from .prepared import load_corpus
+
     prepared = load_corpus(data_args, tokenizer)  # memory-mapped; prepared once for every rank and every restart
     tokenized = prepared.splits
     # Seed before the model is built: its initialisation draws from the global generators (the Trainer seeds again
