@@ -3,6 +3,7 @@ process or in a subprocess (for signals), and a translator wrapper that makes ba
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -95,3 +96,18 @@ def serve_process(*args: str) -> tuple[subprocess.Popen, str]:
         env=env,
     )
     return process, f"http://127.0.0.1:{port}"
+
+
+def run_app(service, scenario):
+    """`scenario(client, app)` against the app in this process, its lifespan included."""
+    import httpx
+
+    app = create_app(service)
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://serve.test", timeout=60) as client:
+                return await scenario(client, app)
+
+    return asyncio.run(main())

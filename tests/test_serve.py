@@ -15,6 +15,7 @@ import time
 import httpx
 import pytest
 
+from tests import serve_helpers
 from tests.onnx_helpers import SENTENCES, trained_export_dir, trained_int8_export_dir
 from tests.serve_helpers import live_server, make_service, serve_process, tiny_spec, wait_ready
 from vanilla_transformer_ort import OrtTranslator
@@ -47,15 +48,11 @@ def single(oracle: OrtTranslator, text: str) -> str:
 
 def run_app(service, scenario):
     """Run `scenario(client)` against the app in this process (lifespan included)."""
-    app = create_app(service)
 
-    async def main():
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://serve.test", timeout=60) as client:
-                return await scenario(client)
+    async def with_client(client, app):
+        return await scenario(client)
 
-    return asyncio.run(main())
+    return serve_helpers.run_app(service, with_client)
 
 
 def post(client, **fields):

@@ -19,11 +19,10 @@ import polib
 import pytest
 
 from tests.onnx_helpers import trained_export_dir
-from tests.serve_helpers import live_server, make_service
+from tests.serve_helpers import live_server, make_service, run_app
 from tests.test_po_cli import POT
 from tests.test_serve import single
 from vanilla_transformer_ort import OrtTranslator
-from vanilla_transformer_ort.serve.app import create_app
 from vanilla_transformer_ort.serve.files import DownloadStore, safe_name
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,19 +33,6 @@ PLACEHOLDER = re.compile(r"%[sd]")
 @pytest.fixture(scope="module")
 def oracle() -> OrtTranslator:
     return OrtTranslator(trained_export_dir(), provider="cpu", intra_op_num_threads=1)
-
-
-def run_app(service, scenario):
-    """`scenario(client, app)` against the app in this process, its lifespan included."""
-    app = create_app(service)
-
-    async def main():
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://serve.test", timeout=60) as client:
-                return await scenario(client, app)
-
-    return asyncio.run(main())
 
 
 def upload(client, name: str, content: bytes, **fields):
