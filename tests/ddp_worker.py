@@ -1,13 +1,17 @@
 """Run scripts/train.py unchanged under `accelerate launch`, recording the batches each rank's sampler yields.
 
-Used by tests/test_distributed.py: `accelerate launch ... tests/ddp_worker.py <record_dir> <train.py arguments>`.
+Used by tests/test_distributed.py: `accelerate launch ... tests/ddp_worker.py <record_dir> <train.py arguments>`;
+`VT_TEST_PREPARE_DELAY=S` makes preparing the corpus take S seconds longer.
 """
 
 import importlib.util
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
+from vanilla_transformer.training import prepared
 from vanilla_transformer.training import trainer as training
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,6 +30,18 @@ def _recording_iter(self):
 
 
 training.TokenBudgetBatchSampler.__iter__ = _recording_iter
+
+# VT_TEST_PREPARE_DELAY=S: the corpus takes S seconds longer to prepare (a large corpus, for the timeout check).
+_delay = float(os.environ.get("VT_TEST_PREPARE_DELAY", "0"))
+_original_write = prepared._write_prepared
+
+
+def _slow_write(*args, **kwargs):
+    time.sleep(_delay)
+    return _original_write(*args, **kwargs)
+
+
+prepared._write_prepared = _slow_write
 
 spec = importlib.util.spec_from_file_location("train_script", ROOT / "scripts" / "train.py")
 train_script = importlib.util.module_from_spec(spec)

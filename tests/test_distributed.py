@@ -28,9 +28,16 @@ def test_two_process_launch(tmp_path, toy_data_dir, toy_tokenizer_dir):
         "--learning_rate", "3e-3", "--max_tokens", "256", "--logging_steps", "2", "--report_to", "none",
         "--use_cpu", "--disable_tqdm", "true", "--predict_with_generate",
         "--max_eval_samples", "8", "--max_predict_samples", "8",
-        "--generation_num_beams", "1", "--prepared_data", str(tmp_path / "prepared"),
+        "--generation_num_beams", "1", "--prepared_data", str(tmp_path / "prepared"), "--ddp_timeout", "4",
     ]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    # Preparing outlasts the distributed timeout: the other rank waits on the file system, not in a collective.
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+        "VT_TEST_PREPARE_DELAY": "8",
+    }
     completed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-4000:]
     # One rank prepared the corpus, the other memory-mapped its folder (each rank logs its own warnings).

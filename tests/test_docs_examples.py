@@ -264,8 +264,9 @@ def command_and_flags(tokens: list[str]) -> tuple[str, list[str]] | None:
             return token, tokens[position + 1 :]
         script = re.match(r"^(scripts|export)/(\w+)\.(py|sh)$", token)
         if script and position > 0:
-            name = script.group(2).replace("_", "-")
-            return f"vt-{name}", tokens[position + 1 :]
+            name = f"vt-{script.group(2).replace('_', '-')}"
+            # a script with a console script of its own takes its flags; the others (paper_run.sh) take none
+            return (name, tokens[position + 1 :]) if name in console_scripts() else None
         if token == "-m" and position + 1 < len(tokens):
             module = tokens[position + 1]
             if module.startswith("benchmarks."):
