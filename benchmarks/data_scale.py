@@ -230,7 +230,7 @@ def tokenization_rate(corpus: Path, tokenizer: Path, pairs: int = 200_000) -> fl
         "import itertools, time, sys\n"
         "from transformers import AutoTokenizer\n"
         "from vanilla_transformer.training.data import iter_parallel_file\n"
-        "from vanilla_transformer.training.prepared import PairEncoder\n"
+        "from vanilla_transformer.training.pair_encoding import PairEncoder\n"
         f"pairs = list(itertools.islice(iter_parallel_file({str(corpus)!r}, 'en', 'de'), {pairs}))\n"
         f"encoder = PairEncoder(AutoTokenizer.from_pretrained({str(tokenizer)!r}))\n"
         "started = time.perf_counter()\n"

@@ -21,6 +21,7 @@ from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
 from tests.training_fixtures import TINY_OVERRIDES_ARG, make_pairs
 from vanilla_transformer.training import prepared as prepared_module
 from vanilla_transformer.training.data import DataArguments, iter_parallel_file
+from vanilla_transformer.training.pair_encoding import PairEncoder
 from vanilla_transformer.training.prepared import MANIFEST_FILE, PreparedCorpus, load_corpus, prepare_corpus
 from vanilla_transformer.training.trainer import TokenBudgetBatchSampler, length_columns, pack_token_batches
 
@@ -105,7 +106,7 @@ def test_backend_fast_path_equals_the_call_with_a_prefix_space_tokenizer(tmp_pat
 
     pairs = make_pairs(300, seed=4)
     tokenizer = train_bpe_tokenizer([t for pair in pairs for t in pair], vocab_size=300, add_prefix_space=True)
-    encoder = prepared_module.PairEncoder(tokenizer)
+    encoder = PairEncoder(tokenizer)
     out = encoder({"source": [s for s, _ in pairs], "target": [t for _, t in pairs]})
     assert encoder._backend is not None  # the fast path was taken ...
     reference = tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs])

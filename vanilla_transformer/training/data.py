@@ -234,7 +234,9 @@ def open_pair_file(path: str | os.PathLike) -> IO[str]:
     return path.open(encoding="utf-8-sig", newline="")
 
 
-def _open_binary(path: Path) -> IO[bytes]:
+def open_binary(path: str | os.PathLike) -> IO[bytes]:
+    """A data file's bytes, decompressed when its name ends in `.gz`."""
+    path = Path(path)
     return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else path.open("rb")
 
 
@@ -242,7 +244,7 @@ def _text_lines(path: Path) -> Iterator[str]:
     """The file's lines decoded as UTF-8 (a leading byte-order mark dropped), without their line ends; a line that
     is not UTF-8 is a `ValueError` naming file, line and column."""
     _require_file(path)
-    with _open_binary(path) as handle:
+    with open_binary(path) as handle:
         for number, raw in enumerate(handle, start=1):
             try:
                 line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
@@ -255,7 +257,7 @@ def _decoded_stream(path: Path) -> Iterator[str]:
     """The file as a stream of UTF-8 lines with their line ends (for the csv module, which needs them inside quoted
     fields); a byte that is not UTF-8 is located by line when the decoder stops on it."""
     _require_file(path)
-    with _open_binary(path) as handle, io.TextIOWrapper(handle, encoding="utf-8-sig", newline="") as text:
+    with open_binary(path) as handle, io.TextIOWrapper(handle, encoding="utf-8-sig", newline="") as text:
         try:
             yield from text
         except UnicodeDecodeError:
@@ -465,14 +467,14 @@ def tokenize_parallel(
     max_target_length: int,
     num_proc: int | None = None,
 ) -> tuple[Dataset, int]:
-    """Tokenize an in-memory `source`/`target` dataset and drop over-length pairs (`prepared.tokenize_pairs`; corpora
-    on disk are prepared with `prepared.prepare_corpus`).
+    """Tokenize an in-memory `source`/`target` dataset and drop over-length pairs (`pair_encoding.tokenize_pairs`;
+    corpora on disk are prepared with `prepared.prepare_corpus`).
 
     Returns:
         The dataset with `input_ids`, `labels`, `source_length`, `target_length` and `length` (the longer of the two,
         for `train_sampling_strategy="group_by_length"`), and the number of pairs dropped.
     """
-    from .prepared import tokenize_pairs
+    from .pair_encoding import tokenize_pairs
 
     tokenized = tokenize_pairs(dataset, tokenizer, max_source_length, max_target_length, num_proc=num_proc)
     dropped = len(dataset) - len(tokenized)

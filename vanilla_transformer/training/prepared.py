@@ -20,9 +20,7 @@ so a preparation stopped half-way (`kill -9`, a full disk) leaves nothing that a
 
 from __future__ import annotations
 
-import csv
 import errno
-import gzip
 import hashlib
 import json
 import os
@@ -33,20 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from datasets import Dataset, Features, Sequence, Value, concatenate_datasets
+from datasets import Dataset, concatenate_datasets
 from transformers.utils import logging
 
 from .data import (
     DataArguments,
-    iter_parallel_file,
     load_parallel_data,
-    moses_files,
-    normalize_translation_dataset,
-    open_pair_file,
-    pair_file_format,
     pair_file_paths,
 )
+from .pair_encoding import tokenize_split
+from .pair_files import read_raw_splits
 
 logger = logging.get_logger(__name__)
 
@@ -55,130 +49,6 @@ TOKENIZER_FOLDER = "tokenizer"
 FORMAT_VERSION = 1  # bump when the folder's content changes meaning: old folders are then prepared again
 SPLITS = ("train", "validation", "test")
 WAIT_LOG_INTERVAL_S = 60.0
-
-TOKEN_FEATURES = {
-    "input_ids": Sequence(Value("int32")),
-    "labels": Sequence(Value("int32")),
-    "source_length": Value("int32"),
-    "target_length": Value("int32"),
-    "length": Value("int32"),  # the longer side, for the Trainer's group_by_length
-}
-TEXT_FEATURES = {"source": Value("string"), "target": Value("string")}
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Tokenization (a batched map step)
-# --------------------------------------------------------------------------------------------------------------------
-
-
-class PairEncoder:
-    """`datasets.map` function: a batch of `source`/`target` texts to token ids and lengths, dropping pairs longer
-    than the limits (training only; validation and test are scored complete and keep their text).
-
-    The ids are what `tokenizer(source, text_target=target)` gives. For a fast tokenizer the batch goes straight to
-    its Rust backend (a copy without truncation or padding), which skips building a `BatchEncoding` per pair; the
-    first batch is checked against `tokenizer(...)` and the plain call is used whenever the two differ.
-    """
-
-    def __init__(
-        self, tokenizer, max_source_length: int | None = None, max_target_length: int | None = None,
-        keep_text: bool = False,
-    ):  # fmt: skip
-        self.tokenizer = tokenizer
-        self.max_source_length, self.max_target_length = max_source_length, max_target_length
-        self.keep_text = keep_text
-        self._backend = None
-        self._checked = False
-        if getattr(tokenizer, "is_fast", False):
-            from tokenizers import Tokenizer
-
-            backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
-            backend.no_truncation()
-            backend.no_padding()
-            self._backend = backend
-
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text (with the tokenizer's special tokens, e.g. the final `</s>`)."""
-        encode_batch = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
-        return [encoding.ids for encoding in encode_batch(texts)]
-
-    def _ids(self, sources: list[str], targets: list[str]) -> tuple[list[list[int]], list[list[int]]]:
-        if self._backend is not None and not self._checked:
-            self._checked = True
-            reference = self.tokenizer(sources[:32], text_target=targets[:32], truncation=False)
-            if (self.encode(sources[:32]), self.encode(targets[:32])) != (
-                reference["input_ids"],
-                reference["labels"],
-            ):
-                logger.info("The tokenizer's backend differs from its Python call here; tokenizing through the call.")
-                self._backend = None
-        if self._backend is None:
-            encoded = self.tokenizer(sources, text_target=targets, truncation=False)
-            return encoded["input_ids"], encoded["labels"]
-        return self.encode(sources), self.encode(targets)
-
-    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
-        sources = [text.strip() if text else "" for text in batch["source"]]
-        targets = [text.strip() if text else "" for text in batch["target"]]
-        texts = [i for i, (s, t) in enumerate(zip(sources, targets, strict=True)) if s and t]
-        if len(texts) < len(sources):  # a pair with an empty side is no example
-            sources, targets = [sources[i] for i in texts], [targets[i] for i in texts]
-        input_ids, labels = self._ids(sources, targets) if sources else ([], [])
-        source_lengths = np.fromiter(map(len, input_ids), dtype=np.int32, count=len(input_ids))
-        target_lengths = np.fromiter(map(len, labels), dtype=np.int32, count=len(labels))
-        keep = np.ones(len(input_ids), dtype=bool)
-        if self.max_source_length is not None:
-            keep &= source_lengths <= self.max_source_length
-        if self.max_target_length is not None:
-            keep &= target_lengths <= self.max_target_length
-        out = {
-            "input_ids": input_ids, "labels": labels, "source_length": source_lengths,
-            "target_length": target_lengths, "length": np.maximum(source_lengths, target_lengths),
-        }  # fmt: skip
-        if self.keep_text:
-            out.update(source=sources, target=targets)
-        if not keep.all():
-            rows = np.flatnonzero(keep)
-            out = {
-                name: values[rows] if isinstance(values, np.ndarray) else [values[i] for i in rows.tolist()]
-                for name, values in out.items()
-            }
-        return out
-
-
-def token_features(keep_text: bool) -> Features:
-    return Features({**TOKEN_FEATURES, **(TEXT_FEATURES if keep_text else {})})
-
-
-def tokenize_pairs(
-    dataset: Dataset,
-    tokenizer,
-    max_source_length: int | None,
-    max_target_length: int | None,
-    num_proc: int | None = None,
-    keep_text: bool = False,
-    cache_file_name: str | None = None,
-    fingerprint: str | None = None,
-    desc: str = "Tokenizing pairs",
-) -> Dataset:
-    """The batched map step: `source`/`target` texts to `input_ids`, `labels` and their lengths (int32), pairs over
-    the limits dropped. Written to `cache_file_name` when given (memory-mapped), else kept in memory."""
-    missing = {"source", "target"} - set(dataset.column_names)
-    if missing:
-        raise ValueError(f"Cannot tokenize: columns {sorted(missing)} are missing (found {dataset.column_names}).")
-    return dataset.map(
-        PairEncoder(tokenizer, max_source_length, max_target_length, keep_text),
-        batched=True,
-        batch_size=2000,
-        num_proc=num_proc if num_proc and num_proc > 1 and len(dataset) >= 2 * num_proc else None,
-        remove_columns=dataset.column_names,
-        features=token_features(keep_text),
-        cache_file_name=cache_file_name,
-        new_fingerprint=fingerprint,
-        load_from_cache_file=False,
-        keep_in_memory=cache_file_name is None,
-        desc=desc,
-    )
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -345,36 +215,6 @@ def _digest(value: Any) -> str:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def tokenize_split(
-    split: str, dataset: Dataset, tokenizer, args: DataArguments, num_proc: int | None = None,
-    cache_file_name: str | None = None, fingerprint: str | None = None,
-) -> tuple[Dataset, dict[str, int]]:  # fmt: skip
-    """One split tokenized (`tokenize_pairs`) with its counts. Only training pairs are filtered by length;
-    validation and test are scored complete, as in the paper, and keep their text."""
-    limits = (args.max_source_length, args.max_target_length) if split == "train" else (None, None)
-    tokenized = tokenize_pairs(
-        dataset, tokenizer, *limits, num_proc=num_proc, keep_text=split != "train", cache_file_name=cache_file_name,
-        fingerprint=fingerprint, desc=f"Tokenizing {split} pairs",
-    )  # fmt: skip
-    if len(tokenized) == 0:
-        raise ValueError(
-            f"Every {split} pair is longer than max_source_length={args.max_source_length}/"
-            f"max_target_length={args.max_target_length}."
-        )
-    dropped = len(dataset) - len(tokenized)
-    if dropped:
-        longer = f", or longer than {limits[0]} source / {limits[1]} target tokens" if split == "train" else ""
-        logger.warning(f"Dropped {dropped} of {len(dataset)} {split} pairs: an empty side{longer}.")
-    source_lengths, target_lengths = (
-        tokenized.with_format("arrow", columns=["source_length", "target_length"])[:].column(name).to_numpy()
-        for name in ("source_length", "target_length")
-    )
-    return tokenized, {
-        "read": len(dataset), "pairs": len(tokenized), "dropped": dropped,
-        "source_tokens": int(source_lengths.sum()), "target_tokens": int(target_lengths.sum()),
-    }  # fmt: skip
-
-
 def load_corpus(args: DataArguments, tokenizer) -> PreparedCorpus:
     """The tokenized corpus of a training run: files and Hub datasets prepared on disk once (`prepare_corpus`), a
     prepared folder named alone (`--prepared_data`), or the small gettext default tokenized in memory."""
@@ -497,7 +337,7 @@ def _write_prepared(args: DataArguments, tokenizer, staging: Path, fingerprint: 
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     tokenizer.save_pretrained(staging / TOKENIZER_FOLDER)
-    raw = _read_raw(args, staging / "raw")
+    raw = read_raw_splits(args, staging / "raw")
     splits = {}
     for split, dataset in raw.items():
         tokenized, stat = tokenize_split(
@@ -515,99 +355,3 @@ def _write_prepared(args: DataArguments, tokenizer, staging: Path, fingerprint: 
         "splits": splits,
     }  # fmt: skip
     (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-
-
-def _read_raw(args: DataArguments, cache_dir: Path) -> dict[str, Dataset]:
-    """The text splits as memory-mapped Arrow files: local files through `datasets`' own csv/json/text builders
-    (C parsers that stream the file in chunks; `.gz` is read as it is), a Hub dataset through `load_dataset`;
-    `source`/`target` columns, pairs with an empty side dropped when a sample limit counts pairs."""
-    if not (args.train_file or args.validation_file or args.test_file):
-        return dict(load_parallel_data(args).items())  # a Hub dataset: datasets' cache, normalised by a map step
-    files = {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}
-    limits = {"train": args.max_train_samples, "validation": args.max_eval_samples, "test": args.max_predict_samples}
-    raw = {}
-    for split, path in files.items():
-        if not path:
-            continue
-        try:
-            dataset = _load_pair_file(path, args.source_lang, args.target_lang, cache_dir / split)
-        except Exception:
-            # The builders' parsers name no line (or a wrong one); the streaming reader names file, line and fix.
-            _validate(path, args.source_lang, args.target_lang)
-            raise
-        if limits[split] is not None:  # the first N pairs with text on both sides, as the streaming reader counts
-            dataset = dataset.filter(_has_text, batched=True, input_columns=["source", "target"], desc="Pairs")
-            dataset = dataset.select(range(min(limits[split], len(dataset))))
-        raw[split] = dataset
-    return raw
-
-
-def _validate(path: str, source_lang: str, target_lang: str) -> None:
-    """Read the file line by line with the streaming reader, which raises at the first malformed line."""
-    for _ in iter_parallel_file(path, source_lang, target_lang):
-        pass
-
-
-def _has_text(sources: list[str | None], targets: list[str | None]) -> list[bool]:
-    return [bool(s and s.strip()) and bool(t and t.strip()) for s, t in zip(sources, targets, strict=True)]
-
-
-def _load_pair_file(path: str, source_lang: str, target_lang: str, cache_dir: Path) -> Dataset:
-    """One file (or Moses pair) with `datasets`' builders, as `source`/`target` string columns. The builders' own
-    error logs are hushed: a failure is reported once, by line, by the caller."""
-    from datasets.utils import logging as datasets_logging
-
-    verbosity = datasets_logging.get_verbosity()
-    datasets_logging.set_verbosity(datasets_logging.CRITICAL)
-    try:
-        return _load_with_builders(path, source_lang, target_lang, cache_dir)
-    finally:
-        datasets_logging.set_verbosity(verbosity)
-
-
-def _load_with_builders(path: str, source_lang: str, target_lang: str, cache_dir: Path) -> Dataset:
-    from datasets import load_dataset
-
-    text = Value("string")
-    common = {"split": "train", "cache_dir": str(cache_dir)}
-    kind = pair_file_format(path)
-    if kind == "moses":
-        sides = [
-            load_dataset("text", data_files=str(side), encoding="utf-8", **common).rename_column("text", name)
-            for side, name in zip(moses_files(path, source_lang, target_lang), ("source", "target"), strict=True)
-        ]
-        return concatenate_datasets(sides, axis=1)  # a ValueError when the two files differ in length
-    if kind == "json":
-        dataset = load_dataset("json", data_files=str(path), **common)
-    else:
-        # Every field is text as written: no NA markers, no quoting in TSV (a quote is part of the text).
-        with open_pair_file(path) as handle:
-            header = handle.readline().rstrip("\r\n").split("\t" if kind == "tsv" else ",")
-        options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if kind == "tsv" else {"delimiter": ","}
-        dataset = load_dataset(
-            "csv", data_files=str(path), encoding="utf-8-sig", keep_default_na=False, na_filter=False,
-            features=Features({name: text for name in header}), **options, **common,
-        )  # fmt: skip
-        if not _fields_complete(path, kind, dataset, len(header)):
-            _validate(path, source_lang, target_lang)  # names the line that lacks a field; else the empties are real
-    return normalize_translation_dataset({"train": dataset}, source_lang, target_lang)["train"]
-
-
-def _fields_complete(path: str, kind: str, dataset: Dataset, width: int) -> bool:
-    """Whether no line had fewer fields than the header: pandas fills a missing field with "" (one with too many is
-    its own error). A TSV line holds exactly `width - 1` tabs, so the file must hold `(rows + 1) · (width - 1)` of
-    them (counted at memory speed); a CSV field may hold a quoted comma, so there an empty field means a rescan."""
-    if kind == "tsv":
-        tabs = 0
-        with _open_bytes(path) as handle:
-            while chunk := handle.read(1 << 24):
-                tabs += chunk.count(b"\t")
-        return tabs == (len(dataset) + 1) * (width - 1)
-    import pyarrow.compute as pc
-
-    table = dataset.with_format("arrow")[:]
-    return not any(pc.any(pc.equal(pc.utf8_length(column), 0)).as_py() for column in table.columns)
-
-
-def _open_bytes(path: str):
-    return gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")  # noqa: SIM115

@@ -142,7 +142,7 @@ def length_columns(dataset, columns: Sequence[str] = ("source_length", "target_l
     without building Python objects per row."""
     missing = [column for column in columns if column not in dataset.column_names]
     if missing:
-        raise ValueError(f"Token batching needs a {missing[0]!r} column; tokenize with prepared.tokenize_pairs.")
+        raise ValueError(f"Token batching needs a {missing[0]!r} column; tokenize with pair_encoding.tokenize_pairs.")
     table = dataset.with_format("arrow", columns=list(columns))[:]
     return [table.column(column).to_numpy() for column in columns]
 
