@@ -151,9 +151,14 @@ def train_arguments(corpus: Path, workdir: Path, tokenizer: Path, prepared: Path
     ]  # fmt: skip
 
 
-def ours(corpus: Path, workdir: Path, tokenizer: Path, ranks: int, steps: int) -> dict[str, dict]:
-    prepared = workdir / f"prepared-{corpus.stem}-{ranks}"
-    shutil.rmtree(prepared, ignore_errors=True)
+def ours(
+    corpus: Path, workdir: Path, tokenizer: Path, ranks: int, steps: int, reuse: Path | None = None
+) -> dict[str, dict]:
+    """A first run into a fresh folder and a cached run; with `reuse` (a folder an earlier run prepared) only the
+    cached run."""
+    prepared = reuse or workdir / f"prepared-{corpus.stem}-{ranks}"
+    if reuse is None:
+        shutil.rmtree(prepared, ignore_errors=True)
     arguments = train_arguments(corpus, workdir, tokenizer, prepared, steps)
     if ranks == 1:
         command = [sys.executable, str(ROOT / "scripts" / "train.py"), *arguments]
@@ -165,9 +170,9 @@ def ours(corpus: Path, workdir: Path, tokenizer: Path, ranks: int, steps: int) -
     env = environment()
     if ranks > 1:
         env["OMP_NUM_THREADS"] = "1"
-    first = measure(command, env, workdir / f"ours-{corpus.stem}-{ranks}-first.log")
-    cached = measure(command, env, workdir / f"ours-{corpus.stem}-{ranks}-cached.log")
-    return {"first": first, "cached": cached}
+    runs = {} if reuse else {"first": measure(command, env, workdir / f"ours-{corpus.stem}-{ranks}-first.log")}
+    runs["cached"] = measure(command, env, workdir / f"ours-{corpus.stem}-{ranks}-cached.log")
+    return runs
 
 
 PLAIN_RECIPE = """
@@ -256,6 +261,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--recipes", nargs="+", default=["ours", "plain"], choices=["ours", "plain"])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument(
+        "--prepare_once",
+        action="store_true",
+        help="Measure the first (preparing) run only for the first --ranks value; the others reuse its folder.",
+    )
+    parser.add_argument(
         "--throughput_steps",
         type=int,
         default=0,
@@ -273,7 +283,9 @@ def main(argv: list[str] | None = None) -> dict:
         entry["tokenize_pairs_per_s_per_core"] = tokenization_rate(corpus, tokenizer)
         if "ours" in args.recipes:
             for ranks in args.ranks:
-                entry[f"ours_{ranks}_ranks"] = run = ours(corpus, args.workdir, tokenizer, ranks, args.steps)
+                reuse = args.workdir / f"prepared-{corpus.stem}-{args.ranks[0]}"
+                reuse = reuse if args.prepare_once and ranks != args.ranks[0] else None
+                entry[f"ours_{ranks}_ranks"] = run = ours(corpus, args.workdir, tokenizer, ranks, args.steps, reuse)
                 rows.append([f"{pairs:,}", f"ours, {ranks} rank(s)", *_cells(run)])
         if "plain" in args.recipes:
             entry["plain"] = run = plain(corpus, args.workdir, tokenizer, args.steps)
@@ -306,6 +318,9 @@ def main(argv: list[str] | None = None) -> dict:
 def _cells(run: dict[str, dict]) -> list[str]:
     cells = []
     for key in ("first", "cached"):
+        if key not in run:
+            cells += ["(reused)", "", ""]
+            continue
         measured = run[key]
         cells += [f"{measured['first_step_s']} s", f"{measured['peak_anon_gib']} GiB",
                   f"{measured['peak_anon_per_process_gib']} GiB"]  # fmt: skip

@@ -300,8 +300,8 @@ def test_lengths_come_from_arrow_and_batches_shard_evenly(tmp_path, tokenizer):
     path = _write(tmp_path / "data", make_pairs(300, seed=5), "tsv")
     corpus = prepare_corpus(DataArguments(train_file=str(path)), tokenizer, folder=tmp_path / "prepared")
     source, target = length_columns(corpus.splits["train"])
-    assert source.tolist() == [len(ids) for ids in corpus.splits["train"]["input_ids"]]
-    assert target.tolist() == [len(ids) for ids in corpus.splits["train"]["labels"]]
+    assert source.to_pylist() == [len(ids) for ids in corpus.splits["train"]["input_ids"]]
+    assert target.to_pylist() == [len(ids) for ids in corpus.splits["train"]["labels"]]
     samplers = [TokenBudgetBatchSampler(source, target, 96, num_replicas=3, rank=r, seed=1) for r in range(3)]
     steps = [list(sampler) for sampler in samplers]
     assert len({len(s) for s in steps}) == 1 and len(steps[0]) == len(samplers[0])  # every rank the same steps

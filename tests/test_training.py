@@ -20,7 +20,7 @@ from vanilla_transformer.training.recipe import (
     noam_learning_rate,
     noam_peak_learning_rate,
 )
-from vanilla_transformer.training.trainer import TokenBudgetBatchSampler
+from vanilla_transformer.training.trainer import TokenBudgetBatchSampler, pack_token_batches
 
 
 def paper_formula(step, d_model, warmup):  # the oracle: Eq. (3) written out independently
@@ -160,6 +160,40 @@ def test_token_batches_differ_across_ranks_and_epochs():
     assert list(ranks[0]) != first_epoch  # reshuffled each epoch
     ranks[0].set_epoch(0)
     assert list(ranks[0]) == first_epoch  # deterministic for a given seed and epoch
+
+
+def _whole_corpus_batches(source, target, max_tokens, seed, epoch, shuffle=True, max_sentences=None):
+    """The sampler's epoch as one lexsort over the whole corpus (the definition the group-wise build must equal)."""
+    rng = np.random.default_rng([seed, epoch])
+    tie_break = rng.random(len(source)) if shuffle else np.arange(len(source))
+    order = np.lexsort((tie_break, target, source))
+    bounds = pack_token_batches(np.maximum(source, target)[order], max_tokens, max_sentences)
+    ids = rng.permutation(len(bounds) - 1) if shuffle else np.arange(len(bounds) - 1)
+    return [order[bounds[i] : bounds[i + 1]].tolist() for i in ids]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_group_wise_epochs_equal_one_sort_of_the_whole_corpus(monkeypatch, shuffle):
+    pa = pytest.importorskip("pyarrow")
+    monkeypatch.setattr(TokenBudgetBatchSampler, "group_size", 97)  # many groups and blocks, some keys over a group
+    source, target = _lengths(3000, seed=11)
+    source[:400] = 7  # one (source, target) length with more pairs than a group
+    target[:400] = 9
+    chunked = [pa.chunked_array([column[:1000], column[1000:1001], column[1001:]]) for column in (source, target)]
+    for lengths in ((source, target), chunked):
+        for epoch in (0, 1):
+            sampler = TokenBudgetBatchSampler(*lengths, max_tokens=300, seed=4, shuffle=shuffle, max_sentences=9)
+            sampler.set_epoch(epoch)
+            expected = _whole_corpus_batches(source, target, 300, 4, epoch, shuffle, max_sentences=9)
+            assert sampler.global_batches() == expected
+
+
+def test_packing_run_lengths_equals_packing_the_array():
+    rng = np.random.default_rng(2)
+    values, counts = rng.integers(1, 60, 50), rng.integers(1, 400, 50)
+    for max_tokens, max_sentences in ((60, None), (500, None), (4000, 33)):
+        expected = pack_token_batches(np.repeat(values, counts), max_tokens, max_sentences)
+        assert pack_token_batches((values, counts), max_tokens, max_sentences).tolist() == expected.tolist()
 
 
 def test_token_sampler_bad_input():

@@ -5,6 +5,7 @@ the length limits dropped. Used by `prepared` for corpora on disk and by `data.t
 from __future__ import annotations
 
 import numpy as np
+import pyarrow.compute
 from datasets import Dataset, Features, Sequence, Value
 from transformers.utils import logging
 
@@ -121,6 +122,7 @@ def tokenize_pairs(
         PairEncoder(tokenizer, max_source_length, max_target_length, keep_text),
         batched=True,
         batch_size=2000,
+        writer_batch_size=20_000,  # fewer, larger Arrow record batches: less per-batch metadata held for millions
         num_proc=num_proc if num_proc and num_proc > 1 and len(dataset) >= 2 * num_proc else None,
         remove_columns=dataset.column_names,
         features=token_features(keep_text),
@@ -152,11 +154,9 @@ def tokenize_split(
     if dropped:
         longer = f", or longer than {limits[0]} source / {limits[1]} target tokens" if split == "train" else ""
         logger.warning(f"Dropped {dropped} of {len(dataset)} {split} pairs: an empty side{longer}.")
-    source_lengths, target_lengths = (
-        tokenized.with_format("arrow", columns=["source_length", "target_length"])[:].column(name).to_numpy()
-        for name in ("source_length", "target_length")
-    )
+    lengths = tokenized.with_format("arrow", columns=["source_length", "target_length"])[:]  # views, no copy
     return tokenized, {
         "read": len(dataset), "pairs": len(tokenized), "dropped": dropped,
-        "source_tokens": int(source_lengths.sum()), "target_tokens": int(target_lengths.sum()),
+        "source_tokens": int(pyarrow.compute.sum(lengths.column("source_length")).as_py()),
+        "target_tokens": int(pyarrow.compute.sum(lengths.column("target_length")).as_py()),
     }  # fmt: skip

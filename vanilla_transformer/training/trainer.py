@@ -9,7 +9,7 @@ import inspect
 import math
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,21 +29,42 @@ logger = logging.get_logger(__name__)
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def pack_token_batches(lengths: np.ndarray, max_tokens: int, max_sentences: int | None = None) -> np.ndarray:
+def _packing_windows(lengths) -> tuple[int, Callable[[int, int], np.ndarray]]:
+    """`lengths` as (count, window): `window(start, stop)` is `lengths[start:stop]` as int64. `lengths` is an array, or
+    run lengths `(values, counts)` (value i repeated counts[i] times) so that millions of pairs need no array."""
+    if isinstance(lengths, tuple):
+        values, counts = (np.asarray(part, dtype=np.int64) for part in lengths)
+        ends = np.cumsum(counts)
+
+        def window(start: int, stop: int) -> np.ndarray:
+            first, last = np.searchsorted(ends, [start, stop - 1], side="right")
+            repeats = counts[first : last + 1].copy()  # (runs) pairs of each run inside [start, stop)
+            repeats[0] = min(int(ends[first]), stop) - start
+            if last > first:
+                repeats[-1] = stop - int(ends[last - 1])
+            return np.repeat(values[first : last + 1], repeats)
+
+        return int(ends[-1]) if len(ends) else 0, window
+    lengths = np.asarray(lengths)
+    return len(lengths), lambda start, stop: lengths[start:stop].astype(np.int64)
+
+
+def pack_token_batches(lengths, max_tokens: int, max_sentences: int | None = None) -> np.ndarray:
     """Greedy token-budget packing of pairs taken in the given order: a batch grows while `(size + 1) · longest` stays
     within `max_tokens` (and `size < max_sentences`), where `longest` is the longest `lengths` entry in it; then the
-    next batch opens. Returns the batches' boundaries: batch b is positions `bounds[b]:bounds[b + 1]`.
+    next batch opens. Returns the batches' boundaries: batch b is positions `bounds[b]:bounds[b + 1]`. `lengths` is an
+    array or run lengths `(values, counts)`.
 
     The loop runs once per batch, not per pair: from a batch's first pair, `n · running max` over a window of the
     next pairs is non-decreasing in n, so one `searchsorted` finds where the budget is exceeded (the window doubles
     until it holds the end of the batch).
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    total, bounds, start, window = len(lengths), [0], 0, 64
+    total, window_of = _packing_windows(lengths)
+    bounds, start, window = [0], 0, 64
     while start < total:
         while True:
             stop = min(total, start + window)
-            longest = np.maximum.accumulate(lengths[start:stop])
+            longest = np.maximum.accumulate(window_of(start, stop))
             padded = longest * np.arange(1, stop - start + 1)  # (size) tokens of a batch of `size` pairs, padded
             size = int(np.searchsorted(padded, max_tokens, side="right"))
             if max_sentences is not None:
@@ -58,6 +79,21 @@ def pack_token_batches(lengths: np.ndarray, max_tokens: int, max_sentences: int 
     return np.asarray(bounds, dtype=np.int64)
 
 
+def _length_blocks(source_lengths, target_lengths, block: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(offset, source, target) blocks of `block` pairs. Arrow columns (`length_columns`) are sliced without copying
+    and only one block at a time becomes a numpy array, so no copy of a whole column is made."""
+    for offset in range(0, len(source_lengths), block):
+        yield (
+            offset,
+            *(
+                np.asarray(
+                    column.slice(offset, block) if hasattr(column, "chunks") else column[offset : offset + block]
+                )
+                for column in (source_lengths, target_lengths)
+            ),
+        )
+
+
 class TokenBudgetBatchSampler(Sampler[list[int]]):
     """Batches of pairs of similar length holding at most `max_tokens` source and `max_tokens` target tokens.
 
@@ -67,10 +103,13 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     batches `rank, rank + num_replicas, ...`, so ranks see distinct batches; the list is padded by wrapping around to a
     multiple of `num_replicas` so every rank runs the same number of steps (DDP needs that).
 
-    The lengths are two integer arrays (read from the dataset's Arrow columns, `length_columns`); sorting and
-    packing are numpy over them, so an epoch's batches over millions of pairs take about a second to build, and the
-    batches are kept as one index array and its boundaries.
+    Memory stays flat in corpus size: the lengths are read block by block (Arrow columns from `length_columns` are
+    memory-mapped), the packing depends only on how many pairs each (source, target) length has, so the batch
+    boundaries are computed once from those counts, and an epoch's order is built a group of lengths at a time
+    (`group_size` pairs) into one int32 array: 4 bytes a pair.
     """
+
+    group_size = 1 << 21  # pairs sorted at once when building an epoch's order
 
     def __init__(
         self,
@@ -83,45 +122,105 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         seed: int = 0,
         max_sentences: int | None = None,
     ):
-        self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
-        self.target_lengths = np.asarray(target_lengths, dtype=np.int64)
-        if self.source_lengths.shape != self.target_lengths.shape or self.source_lengths.ndim != 1:
+        source_lengths, target_lengths = (
+            column if hasattr(column, "chunks") else np.asarray(column) for column in (source_lengths, target_lengths)
+        )  # Arrow columns stay memory-mapped
+        if len(source_lengths) != len(target_lengths) or any(
+            getattr(c, "ndim", 1) != 1 for c in (source_lengths, target_lengths)
+        ):
             raise ValueError("source_lengths and target_lengths must be 1-D and of equal length.")
-        if len(self.source_lengths) == 0:
+        if len(source_lengths) == 0:
             raise ValueError("Cannot batch an empty dataset.")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank must be in [0, num_replicas={num_replicas}) (got {rank}).")
-        self.lengths = np.maximum(self.source_lengths, self.target_lengths)  # longest covers source and target
-        longest = int(self.lengths.max())
+        self.source_lengths, self.target_lengths = source_lengths, target_lengths
+        self.max_tokens, self.num_replicas, self.rank = max_tokens, num_replicas, rank
+        self.shuffle, self.seed, self.max_sentences = shuffle, seed, max_sentences
+        self.epoch = 0
+        self.count = len(source_lengths)
+        # One pass over the lengths: how many pairs have each (source, target) length. A key orders pairs as
+        # (source, target) does: key = source · width + target.
+        longest_source = longest_target = 0
+        for _, source, target in self._blocks():
+            if source.min(initial=0) < 0 or target.min(initial=0) < 0:
+                raise ValueError("Lengths must be non-negative.")
+            longest_source = max(longest_source, int(source.max()))
+            longest_target = max(longest_target, int(target.max()))
+        longest = max(longest_source, longest_target)
         if longest > max_tokens:
             raise ValueError(
                 f"max_tokens={max_tokens} is smaller than the longest sequence ({longest} tokens); raise --max_tokens "
                 "or lower --max_source_length/--max_target_length."
             )
-        self.max_tokens, self.num_replicas, self.rank = max_tokens, num_replicas, rank
-        self.shuffle, self.seed, self.max_sentences = shuffle, seed, max_sentences
-        self.epoch = 0
-        # Ties in (source, target) length have equal packing lengths, so any tie order gives this many batches.
-        order = np.lexsort((self.target_lengths, self.source_lengths))
-        self._num_batches = len(pack_token_batches(self.lengths[order], max_tokens, max_sentences)) - 1
+        self._width = longest_target + 1
+        counts = np.zeros((longest_source + 1) * self._width, dtype=np.int64)  # (keys) pairs per key
+        for _, source, target in self._blocks():
+            counts += np.bincount(self._keys(source, target), minlength=len(counts))
+        keys = np.flatnonzero(counts)
+        self._key_counts = keys, counts[keys]
+        # Ties in (source, target) length have equal packing lengths, so every epoch has these batch boundaries.
+        packing_lengths = np.maximum(keys // self._width, keys % self._width)
+        self._bounds = pack_token_batches((packing_lengths, counts[keys]), max_tokens, max_sentences)
+        self._num_batches = len(self._bounds) - 1
+
+    def _blocks(self) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        return _length_blocks(self.source_lengths, self.target_lengths, self.group_size)
+
+    def _keys(self, source: np.ndarray, target: np.ndarray) -> np.ndarray:
+        return source.astype(np.int64) * self._width + target
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for `epoch` (the Trainer calls this before each epoch)."""
         self.epoch = epoch
 
+    def _key_groups(self) -> Iterator[tuple[int, int, int]]:
+        """(first key, end key, first position) of consecutive key ranges holding about `group_size` pairs each."""
+        keys, counts = self._key_counts
+        ends = np.cumsum(counts)
+        first, position = 0, 0
+        while first < len(keys):
+            last = max(first, int(np.searchsorted(ends, position + self.group_size, side="right")) - 1)
+            end_key = int(keys[last + 1]) if last + 1 < len(keys) else int(keys[-1]) + 1
+            yield int(keys[first]), end_key, position
+            position, first = int(ends[last]), last + 1
+
+    def epoch_order(self) -> tuple[np.ndarray, np.random.Generator]:
+        """The epoch's pairs sorted by (source length, target length, tie-break), where the tie-break is
+        `Generator([seed, epoch]).random(count)` (index order when not shuffling); with the generator after it.
+
+        This equals `np.lexsort((tie_break, target, source))` over the whole corpus, built a group of keys at a time:
+        each group scans the lengths and redraws the same tie-break stream, so the memory is the int32 result plus
+        one group."""
+        order = np.empty(self.count, dtype=np.int32 if self.count < 2**31 else np.int64)
+        rng = None
+        for low, high, position in self._key_groups():
+            rng = np.random.default_rng([self.seed, self.epoch])
+            picked, picked_keys, picked_ties = [], [], []
+            for offset, source, target in self._blocks():
+                keys = self._keys(source, target)
+                ties = rng.random(len(keys)) if self.shuffle else None
+                inside = np.flatnonzero((keys >= low) & (keys < high))
+                picked.append(inside + offset)
+                picked_keys.append(keys[inside])
+                if ties is not None:
+                    picked_ties.append(ties[inside])
+            picked = np.concatenate(picked)
+            sort_keys = (np.concatenate(picked_ties),) if self.shuffle else ()
+            ranked = np.lexsort((*sort_keys, np.concatenate(picked_keys)))
+            order[position : position + len(picked)] = picked[ranked]
+        if rng is None or not self.shuffle:
+            rng = np.random.default_rng([self.seed, self.epoch])
+        return order, rng
+
     def epoch_batches(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The current epoch's global batches as (order, bounds, batch ids): the g-th batch of the epoch is
         `order[bounds[i]:bounds[i + 1]]` with `i = ids[g]`; `ids` is padded to a multiple of `num_replicas`."""
-        rng = np.random.default_rng([self.seed, self.epoch])
-        count = len(self.lengths)
-        tie_break = rng.random(count) if self.shuffle else np.arange(count)
-        order = np.lexsort((tie_break, self.target_lengths, self.source_lengths))
-        bounds = pack_token_batches(self.lengths[order], self.max_tokens, self.max_sentences)
-        ids = rng.permutation(len(bounds) - 1) if self.shuffle else np.arange(len(bounds) - 1)
+        order, rng = self.epoch_order()
+        ids = rng.permutation(self._num_batches) if self.shuffle else np.arange(self._num_batches)
         remainder = len(ids) % self.num_replicas
         if remainder:
             ids = np.concatenate([ids, ids[: self.num_replicas - remainder]])
-        return order, bounds, ids
+        return order, self._bounds, ids
 
     def global_batches(self) -> list[list[int]]:
         """All ranks' batches for the current epoch, in order, padded to a multiple of `num_replicas`."""
@@ -137,14 +236,14 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         return math.ceil(self._num_batches / self.num_replicas)
 
 
-def length_columns(dataset, columns: Sequence[str] = ("source_length", "target_length")) -> list[np.ndarray]:
-    """Integer columns of a `datasets.Dataset` as numpy arrays, read from its Arrow table (memory-mapped or not)
-    without building Python objects per row."""
+def length_columns(dataset, columns: Sequence[str] = ("source_length", "target_length")) -> list:
+    """Integer columns of a `datasets.Dataset` as Arrow `ChunkedArray`s: views of its table, so the columns of a
+    memory-mapped dataset stay on disk (the sampler reads them a block at a time)."""
     missing = [column for column in columns if column not in dataset.column_names]
     if missing:
         raise ValueError(f"Token batching needs a {missing[0]!r} column; tokenize with pair_encoding.tokenize_pairs.")
     table = dataset.with_format("arrow", columns=list(columns))[:]
-    return [table.column(column).to_numpy() for column in columns]
+    return [table.column(column) for column in columns]
 
 
 # --------------------------------------------------------------------------------------------------------------------
