@@ -260,3 +260,53 @@ def test_onnx_export_goes_under_onnx(model_dir, tmp_path):
     assert "The ONNX export is in `onnx/`." in (tmp_path / "hub" / "README.md").read_text()
     with pytest.raises(FileNotFoundError, match="no encoder_model.onnx"):
         prepare_hub_folder(model_dir, tmp_path / "hub2", "someone/en-de", ROOT / "model_card.md", tmp_path)
+
+
+def test_push_to_hub_from_a_wheel_in_a_fresh_venv(model_dir, tmp_path):
+    """The model-card templates travel as package data: `vt-push-to-hub --dry_run` of a wheel installed in a fresh
+    venv (no checkout on its path) writes the card. The venv's dependencies come from this interpreter's
+    site-packages as a plain path entry, so this checkout's editable install is not active there."""
+    import site
+    import sysconfig
+
+    source = tmp_path / "source"
+    tracked = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    for name in tracked:
+        if (ROOT / name).is_file() and not name.startswith(("tests/", "docs/", "benchmarks/", "examples/")):
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            (source / name).write_bytes((ROOT / name).read_bytes())  # links followed: model_card.md is a link
+    wheels = tmp_path / "wheels"
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q", "-w", str(wheels), "."],
+        cwd=source, check=True, capture_output=True,
+    )  # fmt: skip
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q",
+         *map(str, wheels.glob("vanilla_transformer-*.whl"))], check=True, capture_output=True,
+    )  # fmt: skip
+    fresh_site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    ours = [path for path in site.getsitepackages() if path == sysconfig.get_paths()["purelib"]]
+    Path(fresh_site, "dependencies.pth").write_text("\n".join(ours) + "\n")
+    out = tmp_path / "hub"
+    run = subprocess.run(
+        [str(venv / "bin" / "vt-push-to-hub"), "--model", str(model_dir), "--repo_id", "someone/en-de",
+         "--dry_run", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    where = subprocess.run(
+        [str(python), "-c", "import vanilla_transformer.hub as h; print(h.__file__)"],
+        cwd=tmp_path, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert where.startswith(fresh_site)  # the wheel's package, not this checkout
+    card = (out / "README.md").read_text()
+    assert "someone/en-de" in card and "{{" not in card

@@ -45,7 +45,7 @@ FRESH_PROCESS = textwrap.dedent(
 
 
 def test_remote_code_set_is_every_model_file():
-    """What `hub.py` ships (the modeling and pipeline files and their single-dot imports, recursively) is exactly the
+    """What `vanilla_transformer.hub` ships (the modeling and pipeline files and their single-dot imports, recursively) is exactly the
     model folder's source, so that no model file is left behind and nothing else is shipped."""
     model_files = {path.name for path in MODEL_DIR.glob("*.py")} - {"__init__.py"}
     assert set(remote_code_files()) == model_files
@@ -65,7 +65,7 @@ def test_remote_code_loading_in_a_fresh_interpreter(tmp_path):
     model.save_pretrained(tmp_path / "saved")
     saved = json.loads((tmp_path / "saved" / "config.json").read_text())
     assert set(saved["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM"}
-    for name in set(CODE_FILES) - {"pipeline_vanilla_transformer.py"}:  # the pipeline is added by hub.py's upload
+    for name in set(CODE_FILES) - {"pipeline_vanilla_transformer.py"}:  # the pipeline is added by the hub upload
         assert (tmp_path / "saved" / name).exists(), name
 
     # A copy elsewhere, loaded from a working directory where the package is not on the path (-I: isolated mode).

@@ -25,9 +25,6 @@ from vanilla_transformer_ort.cli_common import (
 from .cli_parsers import CONFIG_FILE, _hf_parser, _parser, check_model_folder
 from .progress import show_package_progress, without_weight_progress_bars
 
-MODEL_CARD_TEMPLATE = Path(__file__).resolve().parents[1] / "model_card.md"  # at the root of a checkout
-MARIAN_MODEL_CARD_TEMPLATE = MODEL_CARD_TEMPLATE.with_name("model_card_marian.md")  # for --format marian
-
 
 def train_command(argv: list[str] | None = None) -> dict[str, Any]:
     """Train a vanilla Transformer for translation with the paper's recipe (§5) on Seq2SeqTrainer.
@@ -359,7 +356,7 @@ def push_to_hub_command(argv: list[str] | None = None) -> int:
         vt-push-to-hub --model runs/demo --repo_id user/en-de-transformer --dry_run hub-folder
         vt-push-to-hub --model runs/demo --repo_id user/en-de-marian --format marian  # native MarianMT, no remote code
     """
-    from .hub import HUB_FORMATS
+    from .hub import HUB_FORMATS, MODEL_CARD_TEMPLATES
 
     parser = _parser(push_to_hub_command, "vt-push-to-hub")
     parser.add_argument("--model", required=True, help="Saved model folder (model, tokenizer, metrics).")
@@ -378,7 +375,8 @@ def push_to_hub_command(argv: list[str] | None = None) -> int:
         "--dry_run", metavar="OUT", help="Write the folder that would be uploaded to OUT; send nothing."
     )
     parser.add_argument(
-        "--template", help="Model card template (default: model_card.md; model_card_marian.md with --format marian)."
+        "--template",
+        help="Model card template (default: the package's model_card.md; model_card_marian.md with --format marian).",
     )
     parser.add_argument("--source_lang", help="Source language code for the card (default: from training_info.json).")
     parser.add_argument("--target_lang", help="Target language code for the card (default: from training_info.json).")
@@ -391,7 +389,7 @@ def push_to_hub_command(argv: list[str] | None = None) -> int:
     card = dict(source_lang=args.source_lang, target_lang=args.target_lang, dataset=args.dataset, license=args.license)
     card["hub_format"] = args.format
     if args.template is None:
-        args.template = str(MARIAN_MODEL_CARD_TEMPLATE if args.format == "marian" else MODEL_CARD_TEMPLATE)
+        args.template = str(MODEL_CARD_TEMPLATES[args.format])
     try:
         check_model_folder(args.model)
         if args.dry_run:

@@ -14,14 +14,14 @@ from typing import Any
 
 from transformers.utils import logging
 
-from .model.configuration_vanilla_transformer import PRESETS
-from .model.modeling_vanilla_transformer import AUTO_MAP
-from .model.pipeline_vanilla_transformer import CUSTOM_PIPELINES
-from .training.tokenization import SAVED_TOKENIZER_FILES
+from ..model.configuration_vanilla_transformer import PRESETS
+from ..model.modeling_vanilla_transformer import AUTO_MAP
+from ..model.pipeline_vanilla_transformer import CUSTOM_PIPELINES
+from ..training.tokenization import SAVED_TOKENIZER_FILES
 
 logger = logging.get_logger(__name__)
 
-MODEL_DIR = Path(__file__).resolve().parent / "model"
+MODEL_DIR = Path(__file__).resolve().parents[1] / "model"
 REMOTE_CODE_ENTRY_POINTS = ("modeling_vanilla_transformer.py", "pipeline_vanilla_transformer.py")
 _RELATIVE_IMPORT = re.compile(r"^\s*from \.(\w+) import", re.MULTILINE)
 
@@ -51,6 +51,11 @@ METRIC_FILES = ("all_results.json", "test_results.json", "predict_results.json",
 TRAINING_INFO = "training_info.json"
 # What `vt-push-to-hub --format` uploads: this package's model with its source, or the native MarianMT export.
 HUB_FORMATS = ("vanilla_transformer", "marian")
+# The model-card templates, package data beside this module (the repository's top-level model_card.md links here).
+MODEL_CARD_TEMPLATES = {
+    "vanilla_transformer": Path(__file__).with_name("model_card.md"),
+    "marian": Path(__file__).with_name("model_card_marian.md"),
+}
 
 
 def check_model_folder(model_dir: str | Path) -> Path:
