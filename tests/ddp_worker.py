@@ -1,16 +1,17 @@
-"""Run scripts/train.py unchanged under `accelerate launch`, recording the batches each rank's sampler yields.
+"""Run the training command (scripts/train.py, vt-train) unchanged under `accelerate launch`, recording the batches
+each rank's sampler yields.
 
 Used by tests/test_distributed.py: `accelerate launch ... tests/ddp_worker.py <record_dir> <train.py arguments>`;
 `VT_TEST_PREPARE_DELAY=S` makes preparing the corpus take S seconds longer.
 """
 
-import importlib.util
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
+from vanilla_transformer.cli import train_command
 from vanilla_transformer.training import prepared
 from vanilla_transformer.training import trainer as training
 
@@ -43,10 +44,7 @@ def _slow_write(*args, **kwargs):
 
 prepared._write_prepared = _slow_write
 
-spec = importlib.util.spec_from_file_location("train_script", ROOT / "scripts" / "train.py")
-train_script = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(train_script)
-train_script.main(sys.argv[2:])
+train_command(sys.argv[2:])  # what scripts/train.py and vt-train run
 
 record_dir.mkdir(parents=True, exist_ok=True)
 (record_dir / f"batches-rank{identity['rank']}.json").write_text(json.dumps({**identity, "batches": recorded}))

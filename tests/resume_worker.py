@@ -1,18 +1,18 @@
-"""Run scripts/train.py (directly or under `accelerate launch`), recording a digest of the batch each optimizer step
-trains on, per rank; with `VT_TEST_KILL_AT_STEP=K`, rank 0 kills itself with SIGKILL as step K + 1 begins (after
-checkpoint-K was written), as a crashed machine would.
+"""Run the training command (scripts/train.py, vt-train; directly or under `accelerate launch`), recording a digest
+of the batch each optimizer step trains on, per rank; with `VT_TEST_KILL_AT_STEP=K`, rank 0 kills itself with SIGKILL
+as step K + 1 begins (after checkpoint-K was written), as a crashed machine would.
 
 Used by tests/test_distributed.py: `python tests/resume_worker.py <record_file_prefix> <train.py arguments>`.
 """
 
 import hashlib
-import importlib.util
 import json
 import os
 import signal
 import sys
 from pathlib import Path
 
+from vanilla_transformer.cli import train_command
 from vanilla_transformer.training import trainer as training
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,4 @@ def _recording_step(self, model, inputs, num_items_in_batch=None):
 
 training.TranslationTrainer.training_step = _recording_step
 
-spec = importlib.util.spec_from_file_location("train_script", ROOT / "scripts" / "train.py")
-train_script = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(train_script)
-train_script.main(sys.argv[2:])
+train_command(sys.argv[2:])  # what scripts/train.py and vt-train run

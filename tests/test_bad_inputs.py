@@ -37,23 +37,33 @@ class ScriptExit(Exception):
     """A script's non-zero exit status; the message is what it wrote to stderr."""
 
 
-def script(path: str, *argv: str):
-    """A row's call: run `path`'s main(argv) with `{name}` in argv filled from the context."""
+def script(target: str, *argv: str):
+    """A row's call: run `target` (`module:function`, a command or a console script) with `{name}` in argv filled
+    from the context."""
 
     def call(ctx):
-        spec = importlib.util.spec_from_file_location(f"script_{Path(path).stem}", ROOT / path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module_name, _, function_name = target.partition(":")
+        function = getattr(importlib.import_module(module_name), function_name)
         stderr = io.StringIO()
         with contextlib.redirect_stderr(stderr):
             try:
-                status = module.main([arg.format(**vars(ctx)) for arg in argv])
+                status = function([arg.format(**vars(ctx)) for arg in argv])
             except SystemExit as exit_info:  # argparse's parser.error
                 status = exit_info.code
         if isinstance(status, int) and status != 0:
             raise ScriptExit(f"exit {status}: {stderr.getvalue()}")
 
     return call
+
+
+def command(name: str, *argv: str):
+    """A row's call of the command `vt-<name>` (`vanilla_transformer.cli.<name>_command`)."""
+    return script(f"vanilla_transformer.cli:{name}_command", *argv)
+
+
+EXPORT_ONNX = "vanilla_transformer.export.cli:export_onnx_main"
+EXPORT_CT2 = "vanilla_transformer.export.cli:export_ctranslate2_main"
+EXPORT_MARIAN = "vanilla_transformer.marian.cli:export_marian_main"
 
 
 def ort_main(*argv: str):
@@ -76,8 +86,8 @@ def ids(*shape, value=5):
     return torch.full(shape, value, dtype=torch.long)
 
 
-TRAIN = ("scripts/train.py", "--tokenizer_name", "{tokenizer_dir}", "--output_dir", "{tmp}/run", "--use_cpu",
-         "--report_to", "none", "--train_file", "{data_dir}/train.tsv")  # fmt: skip
+TRAIN = ("vanilla_transformer.cli:train_command", "--tokenizer_name", "{tokenizer_dir}", "--output_dir", "{tmp}/run",
+         "--use_cpu", "--report_to", "none", "--train_file", "{data_dir}/train.tsv")  # fmt: skip
 
 # (id, call(ctx), exception, words the message must contain)
 ROWS = [
@@ -168,7 +178,7 @@ ROWS = [
      ["'dropuot'", "'dropout'"]),
     ("train/tsv-extra-field", script(*TRAIN[:-1], "{extra_field_tsv}", "--do_train", "--max_steps", "1"), ValueError,
      ["extra_field.tsv:3", "tab-separated"]),
-    ("train/no-tokenizer", script("scripts/train.py", "--output_dir", "{tmp}/run", "--do_train", "--use_cpu"),
+    ("train/no-tokenizer", command("train", "--output_dir", "{tmp}/run", "--do_train", "--use_cpu"),
      ValueError, ["no tokenizer", "--tokenizer_name"]),
     ("train/lr-schedule", script(*TRAIN, "--do_train", "--lr_schedule", "cosine", "--max_steps", "1"), ValueError,
      ["--lr_schedule must be"]),
@@ -180,54 +190,54 @@ ROWS = [
      ValueError, ["cannot change ['d_model']", "--preset"]),
     # ---- the other scripts
     ("train_tokenizer/vocab-too-small",
-     script("scripts/train_tokenizer.py", "--train_file", "{data_dir}/train.tsv", "--vocab_size", "10", "--output_dir",
+     command("train_tokenizer", "--train_file", "{data_dir}/train.tsv", "--vocab_size", "10", "--output_dir",
             "{tmp}/tok"),
      ValueError, ["vocab_size=10 is too small"]),
     ("evaluate/missing-model",
-     script("scripts/evaluate.py", "--model", "{tmp}/none", "--test_file", "{data_dir}/test.tsv"),
+     command("evaluate", "--model", "{tmp}/none", "--test_file", "{data_dir}/test.tsv"),
      ValueError, ["--model", "no such folder"]),
     ("evaluate/missing-test-file",
-     script("scripts/evaluate.py", "--model", "{model_dir}", "--test_file", "{tmp}/t.tsv"),
+     command("evaluate", "--model", "{model_dir}", "--test_file", "{tmp}/t.tsv"),
      FileNotFoundError, ["t.tsv"]),
     ("evaluate/damaged-weights",
-     script("scripts/evaluate.py", "--model", "{damaged_dir}", "--test_file", "{data_dir}/test.tsv"),
+     command("evaluate", "--model", "{damaged_dir}", "--test_file", "{data_dir}/test.tsv"),
      ValueError, ["model.safetensors", "damaged or incomplete"]),
-    ("translate/missing-input", script("scripts/translate.py", "--model", "{model_dir}", "--input_file", "{tmp}/x"),
+    ("translate/missing-input", command("translate", "--model", "{model_dir}", "--input_file", "{tmp}/x"),
      ScriptExit, ["--input", "x does not exist"]),  # --input_file is the older spelling of --input
     ("translate/not-utf8-input",
-     script("scripts/translate.py", "--model", "{model_dir}", "--input_file", "{latin1_tsv}"),
+     command("translate", "--model", "{model_dir}", "--input_file", "{latin1_tsv}"),
      ValueError, ["latin1.tsv:3", "not UTF-8"]),
     ("translate/batch-0",
-     script("scripts/translate.py", "--model", "{model_dir}", "--input_file", "{sentences}", "--batch_size", "0"),
+     command("translate", "--model", "{model_dir}", "--input_file", "{sentences}", "--batch_size", "0"),
      ValueError, ["batch_size must be >= 1"]),
     ("average/no-checkpoints",
-     script("scripts/average_checkpoints.py", "--run_dir", "{tmp}", "--output_dir", "{tmp}/a"),
+     command("average_checkpoints", "--run_dir", "{tmp}", "--output_dir", "{tmp}/a"),
      ValueError, ["0 complete checkpoints", "--num_checkpoints"]),
     ("average/count-0",
-     script("scripts/average_checkpoints.py", "--run_dir", "{tmp}", "--output_dir", "{tmp}/a", "--num_checkpoints",
+     command("average_checkpoints", "--run_dir", "{tmp}", "--output_dir", "{tmp}/a", "--num_checkpoints",
             "0"),
      ValueError, [">= 1, got 0"]),
     ("average/missing-run",
-     script("scripts/average_checkpoints.py", "--run_dir", "{tmp}/x", "--output_dir", "{tmp}/a"),
+     command("average_checkpoints", "--run_dir", "{tmp}/x", "--output_dir", "{tmp}/a"),
      FileNotFoundError, ["training output folder", "not found", "vt-train"]),
-    ("main_job/no-time", script("scripts/main_job.py", "--output_dir", "{tmp}/job", "--time_budget_minutes", "0"),
+    ("main_job/no-time", command("main_job", "--output_dir", "{tmp}/job", "--time_budget_minutes", "0"),
      ValueError, ["--time_budget_minutes 0", "no time"]),
     ("push_to_hub/missing-model",
-     script("scripts/push_to_hub.py", "--model", "{tmp}/none", "--repo_id", "u/m", "--dry_run", "{tmp}/hub"),
+     command("push_to_hub", "--model", "{tmp}/none", "--repo_id", "u/m", "--dry_run", "{tmp}/hub"),
      ScriptExit, ["exit 2", "none"]),
-    ("export/missing-model", script("export/export_onnx.py", "--model", "{tmp}/none", "--output", "{tmp}/onnx"),
+    ("export/missing-model", script(EXPORT_ONNX, "--model", "{tmp}/none", "--output", "{tmp}/onnx"),
      ScriptExit, ["--model", "no such folder"]),
-    ("export/not-a-model", script("export/export_onnx.py", "--model", "{tmp}", "--output", "{tmp}/onnx"),
+    ("export/not-a-model", script(EXPORT_ONNX, "--model", "{tmp}", "--output", "{tmp}/onnx"),
      ScriptExit, ["not a model folder", "config.json"]),
     ("export/int8-with-fp16",
-     script("export/export_onnx.py", "--model", "{model_dir}", "--output", "{tmp}/o", "--dtype", "fp16", "--quantize",
+     script(EXPORT_ONNX, "--model", "{model_dir}", "--output", "{tmp}/o", "--dtype", "fp16", "--quantize",
             "int8"),
      ScriptExit, ["int8", "fp16"]),
-    ("export/unwritable-output", script("export/export_onnx.py", "--model", "{model_dir}", "--output", "{a_file}/sub"),
+    ("export/unwritable-output", script(EXPORT_ONNX, "--model", "{model_dir}", "--output", "{a_file}/sub"),
      ScriptExit, ["error: cannot write", "a_file", "--output"]),
-    ("export/damaged-weights", script("export/export_onnx.py", "--model", "{damaged_dir}", "--output", "{tmp}/o"),
+    ("export/damaged-weights", script(EXPORT_ONNX, "--model", "{damaged_dir}", "--output", "{tmp}/o"),
      ScriptExit, ["model.safetensors", "damaged or incomplete"]),
-    ("export/bad-dtype", script("export/export_onnx.py", "--model", "{model_dir}", "--output", "{tmp}/o", "--dtype",
+    ("export/bad-dtype", script(EXPORT_ONNX, "--model", "{model_dir}", "--output", "{tmp}/o", "--dtype",
                                 "int4"), ScriptExit, ["--dtype", "invalid choice"]),  # fmt: skip
     ("ort_cli/missing-folder", ort_main("{tmp}/none", "a b"), ScriptExit, ["exit 2", "does not exist", "--model"]),
     ("ort_cli/missing-model-flag", ort_main("--model", "{tmp}/none", "a b"), ScriptExit, ["exit 2", "does not exist"]),

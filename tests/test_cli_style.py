@@ -233,10 +233,10 @@ def test_subprocess_exit_status_and_debug(tmp_path):
 
 
 def test_scripts_report_errors_like_the_console_scripts(tmp_path):
-    """`python scripts/<name>.py` runs the console script (its `main` stays the command, for Python callers)."""
-    result = _run_subprocess("scripts/average_checkpoints.py", "--run_dir", str(tmp_path / "x"), "--output", "o")
+    """`python scripts/train.py` runs the console script: a user error is one line and status 2."""
+    result = _run_subprocess("scripts/train.py", "--tokenizer_name", str(tmp_path / "x"), "--output_dir", "o")
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
-    assert result.stderr.startswith("vt-average-checkpoints: error: training output folder")
+    assert result.stderr.startswith(f"vt-train: error: tokenizer folder {tmp_path / 'x'} does not exist")
 
 
 def test_bugs_keep_their_traceback(capsys):

@@ -16,7 +16,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianConfig, Mar
 
 import vanilla_transformer  # noqa: F401  (registers the Auto classes)
 from tests.training_fixtures import *  # noqa: F403 (pytest fixtures: toy_data_dir)
-from vanilla_transformer.convert import (
+from vanilla_transformer.marian.importer import (
     config_from_marian,
     convert_marian,
     interleave_permutation,
@@ -316,13 +316,13 @@ def test_saved_folder_loads_as_remote_code(converted_dirs, tmp_path):
 
 
 def test_converted_folder_fine_tunes(converted_dirs, tmp_path, toy_data_dir):
-    from tests.test_scripts import load_script
+    from tests.test_scripts import command
 
     folder, _, _ = converted_dirs["shared"]
     files = [f"--{kind}_file={toy_data_dir / name}.tsv" for kind, name in
              (("train", "train"), ("validation", "valid"), ("test", "test"))]  # fmt: skip
     run = tmp_path / "run"
-    results = load_script("train").main([
+    results = command("train")([
         *files, "--model_name_or_path", str(folder), "--output_dir", str(run), "--do_train", "--max_steps", "3",
         "--warmup_steps", "1", "--learning_rate", "1e-3", "--max_tokens", "256", "--max_train_samples", "64",
         "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", "--save_strategy", "no",
@@ -422,22 +422,22 @@ def test_runtime_reads_marian_generation_settings(tmp_path):
 
 
 def test_convert_script_help(capsys):
-    from tests.test_scripts import load_script
+    from tests.test_scripts import command
 
     with pytest.raises(SystemExit) as exit_info:
-        load_script("convert_marian").main(["--help"])
+        command("convert_marian")(["--help"])
     assert exit_info.value.code == 0 and "--model" in capsys.readouterr().out
 
 
 def test_convert_script_from_a_marian_folder(tokenizers, tmp_path, capsys):
-    from tests.test_scripts import load_script
+    from tests.test_scripts import command
 
     tokenizer = tokenizers[False]
     marian = build_marian(tokenizer, share=True)
     marian.save_pretrained(tmp_path / "marian")
     tokenizer.save_pretrained(tmp_path / "marian")
     arguments = ["--model", str(tmp_path / "marian"), "--output", str(tmp_path / "out")]
-    report = load_script("convert_marian").main(arguments)
+    report = command("convert_marian")(arguments)
     assert report.max_abs_logit_diff < 1e-4 and "max |logits - MarianMTModel logits|" in capsys.readouterr().out
     model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out")
     assert verify_conversion(marian, model) < 1e-4

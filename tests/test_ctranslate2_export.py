@@ -263,7 +263,7 @@ def test_model_imported_from_marian(tmp_path):
     `convert.from_marian`, exported with Marian's vocab.json: CTranslate2 decodes as MarianMTModel does."""
     from transformers import MarianConfig, MarianMTModel
 
-    from vanilla_transformer.convert import from_marian
+    from vanilla_transformer.marian.importer import from_marian
 
     words = [f"w{i}" for i in range(34)]
     vocab = ["</s>", "<unk>"] + words + ["<pad>"]  # Marian's layout: pad (the decoder start) last

@@ -17,12 +17,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.cli import push_to_hub_command
 from vanilla_transformer.hub import CODE_FILES, prepare_hub_folder, push_to_hub, read_eval_results
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("push_to_hub_script", ROOT / "scripts" / "push_to_hub.py")
-push_script = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(push_script)
 
 SECRET = "hf_TESTtokenNEVERshownABCDEFGHIJKLMNOP"
 SENTENCES = ["hello world", "the cat sat on the mat", "good morning", "hallo welt", "die katze", "guten morgen"]
@@ -60,7 +58,7 @@ def model_dir(tmp_path) -> Path:
 
 def test_dry_run_writes_exactly_the_upload_folder(model_dir, tmp_path, capsys):
     out = tmp_path / "hub"
-    assert push_script.main(["--model", str(model_dir), "--repo_id", "someone/en-de", "--dry_run", str(out)]) == 0
+    assert push_to_hub_command(["--model", str(model_dir), "--repo_id", "someone/en-de", "--dry_run", str(out)]) == 0
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     expected = {"README.md", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                 "tokenizer_config.json", "all_results.json", "training_info.json", *CODE_FILES}  # fmt: skip
@@ -181,7 +179,7 @@ def test_upload_sends_the_prepared_folder_and_never_shows_the_token(model_dir, t
     monkeypatch.setattr(huggingface_hub, "HfApi", lambda *a, **k: fake)
     monkeypatch.setenv("HF_TOKEN", SECRET)
     caplog.set_level(logging.DEBUG)
-    code = push_script.main(
+    code = push_to_hub_command(
         ["--model", str(model_dir), "--repo_id", "someone/en-de", "--private", "--revision", "v1",
          "--commit_message", "first"]
     )  # fmt: skip
@@ -226,7 +224,7 @@ class TestBadInput:
     def test_missing_model_files_are_named(self, model_dir, tmp_path, capsys):
         (model_dir / "tokenizer.json").unlink()
         (model_dir / "model.safetensors").unlink()
-        code = push_script.main(["--model", str(model_dir), "--repo_id", "a/b", "--dry_run", str(tmp_path / "o")])
+        code = push_to_hub_command(["--model", str(model_dir), "--repo_id", "a/b", "--dry_run", str(tmp_path / "o")])
         err = capsys.readouterr().err
         assert code == 2 and "model.safetensors" in err and "tokenizer.json" in err
         assert not (tmp_path / "o").exists()

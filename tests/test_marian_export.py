@@ -14,9 +14,8 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianMTModel
 
 from tests.conftest import make_model
 from tests.onnx_helpers import SENTENCES, build_tokenizer, load_trained_model, trained_model_dir
-from vanilla_transformer.convert import from_marian, interleave_permutation
-from vanilla_transformer.export.cli import export_marian_main
-from vanilla_transformer.marian_export import (
+from vanilla_transformer.marian.cli import export_marian_main
+from vanilla_transformer.marian.exporter import (
     FAST_TOKENIZER_CLASS,
     MIN_POSITIONS,
     marian_config_from,
@@ -24,6 +23,7 @@ from vanilla_transformer.marian_export import (
     to_marian,
     verify_export,
 )
+from vanilla_transformer.marian.importer import from_marian, interleave_permutation
 
 ROOT = Path(__file__).resolve().parents[1]
 # Sources longer than the models' max_position_embeddings (12): Marian's table (1024 rows) covers them.
@@ -244,7 +244,7 @@ def test_model_imported_from_marian_goes_back_with_its_sentencepiece_tokenizer(t
     and so do the logits and the generation settings."""
     from tests.test_convert import build_marian
     from tests.test_convert import build_tokenizer as build_marian_tokenizer
-    from vanilla_transformer.convert import save_converted
+    from vanilla_transformer.marian.importer import save_converted
 
     tokenizer = build_marian_tokenizer(tmp_path / "spm", separate=False)
     original = build_marian(tokenizer, share=True)
@@ -389,9 +389,9 @@ def test_ctranslate2_stock_converter_on_an_opus_mt_shaped_model(tmp_path):
 
     from tests.test_convert import TINY_MARIAN
     from tests.test_convert import build_tokenizer as build_marian_tokenizer
-    from vanilla_transformer.convert import save_converted
     from vanilla_transformer.export.ctranslate2_export import generation_options
-    from vanilla_transformer.marian_export import ctranslate2_converter_issues
+    from vanilla_transformer.marian.exporter import ctranslate2_converter_issues
+    from vanilla_transformer.marian.importer import save_converted
 
     tokenizer = build_marian_tokenizer(tmp_path / "spm", separate=False)
     pad = tokenizer.pad_token_id
@@ -428,7 +428,7 @@ def test_ctranslate2_stock_converter_on_an_opus_mt_shaped_model(tmp_path):
 
 
 def test_ctranslate2_converter_issues_name_the_three_conventions(trained_export):
-    from vanilla_transformer.marian_export import ctranslate2_converter_issues
+    from vanilla_transformer.marian.exporter import ctranslate2_converter_issues
 
     issues = ctranslate2_converter_issues(trained_export)
     assert len(issues) == 3
@@ -626,7 +626,7 @@ def test_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("vanilla_transformer.marian_export.write_tokenizer", fail)
+    monkeypatch.setattr("vanilla_transformer.marian.exporter.write_tokenizer", fail)
     with pytest.raises(OSError, match="disk full"):
         save_marian(folder, tmp_path / "out")
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []

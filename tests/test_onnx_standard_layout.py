@@ -181,7 +181,7 @@ def test_last_hidden_state_is_the_marian_encoder_output_in_the_interleaved_basis
     permutation of d_model between Marian's [sin | cos] basis and the paper's interleaved one."""
     from transformers import MarianMTModel
 
-    from vanilla_transformer.convert import interleave_permutation
+    from vanilla_transformer.marian.importer import interleave_permutation
 
     input_ids, attention_mask = source_batch()
     (hidden,) = sessions()[0].run(None, {"input_ids": input_ids, "attention_mask": attention_mask})

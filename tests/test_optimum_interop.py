@@ -82,7 +82,7 @@ def test_transformers_4_tokenizes_the_export_as_the_model_was_trained(tmp_path, 
     default (False) unless tokenizer_config.json names it: the export must name it, or every sentence's first word
     is split differently from training (vt-train-tokenizer --add_prefix_space, the main job's setting)."""
     from tests.conftest import make_model
-    from vanilla_transformer.marian_export import save_marian
+    from vanilla_transformer.marian.exporter import save_marian
     from vanilla_transformer.training.tokenization import train_bpe_tokenizer
 
     texts = ["Issued on %s", "Unknown role type", "Open the file", "Datei öffnen", "Unbekannter Typ"] * 4

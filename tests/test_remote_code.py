@@ -45,8 +45,9 @@ FRESH_PROCESS = textwrap.dedent(
 
 
 def test_remote_code_set_is_every_model_file():
-    """What `vanilla_transformer.hub` ships (the modeling and pipeline files and their single-dot imports, recursively) is exactly the
-    model folder's source, so that no model file is left behind and nothing else is shipped."""
+    """What `vanilla_transformer.hub` ships (the modeling and pipeline files and their single-dot imports,
+    recursively) is exactly the model folder's source, so that no model file is left behind and nothing else is
+    shipped."""
     model_files = {path.name for path in MODEL_DIR.glob("*.py")} - {"__init__.py"}
     assert set(remote_code_files()) == model_files
     assert set(CODE_FILES) == model_files

@@ -14,24 +14,24 @@ from tests.training_fixtures import TINY_OVERRIDES_ARG
 from vanilla_transformer_ort.cli_common import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ROOT / "scripts"
 NAMES = ["train_tokenizer", "train", "evaluate", "translate", "average_checkpoints"]
 # The console scripts of pyproject.toml whose targets live in this package's training/inference side.
 CONSOLE_SCRIPTS = ["vt-train", "vt-evaluate", "vt-translate", "vt-train-tokenizer", "vt-average-checkpoints",
                    "vt-main-job", "vt-convert-marian", "vt-push-to-hub"]  # fmt: skip
 
 
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(f"script_{name}", SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def command(name):
+    """The command function of `vt-<name>` (`vt-train` is `train_command`): it returns what it made."""
+    from vanilla_transformer import cli
+    from vanilla_transformer.marian import cli as marian_cli
+
+    return getattr(cli, f"{name}_command", None) or getattr(marian_cli, f"{name}_command")
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_help(name, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        load_script(name).main(["--help"])
+        command(name)(["--help"])
     assert exit_info.value.code == 0
     assert "usage" in capsys.readouterr().out
 
@@ -64,10 +64,10 @@ def test_end_to_end(tmp_path, toy_data_dir, capsys, monkeypatch):
     files = [f"--{kind}_file={toy_data_dir / name}.tsv" for kind, name in
              (("train", "train"), ("validation", "valid"), ("test", "test"))]  # fmt: skip
     tokenizer_dir = tmp_path / "tokenizer"
-    load_script("train_tokenizer").main(["--train_file", str(toy_data_dir / "train.tsv"), "--vocab_size", "400",
+    command("train_tokenizer")(["--train_file", str(toy_data_dir / "train.tsv"), "--vocab_size", "400",
                                           "--output_dir", str(tokenizer_dir)])  # fmt: skip
     run = tmp_path / "run"
-    results = load_script("train").main([
+    results = command("train")([
         *files, "--tokenizer_name", str(tokenizer_dir), "--preset", "tiny", "--config_overrides", TINY_OVERRIDES_ARG,
         "--output_dir", str(run), "--do_train", "--predict_with_generate", "--max_steps", "12", "--save_steps", "6",
         "--warmup_steps", "4", "--learning_rate", "3e-3", "--max_tokens", "256", "--logging_steps", "3",
@@ -91,18 +91,18 @@ def test_end_to_end(tmp_path, toy_data_dir, capsys, monkeypatch):
     decoding = []
     real_translate = inference.translate
     monkeypatch.setattr(inference, "translate", lambda *a, **kw: decoding.append(kw) or real_translate(*a, **kw))
-    scores = load_script("evaluate").main(["--model", str(run), "--test_file", str(toy_data_dir / "test.tsv"),
+    scores = command("evaluate")(["--model", str(run), "--test_file", str(toy_data_dir / "test.tsv"),
                                             "--max_samples", "5", "--num_beams", "2"])  # fmt: skip
     assert scores["pairs"] == 5 and 0 <= scores["bleu"] <= 100
     assert decoding[-1]["num_beams"] == 2 and decoding[-1]["length_penalty"] is None  # None: the model's own
-    load_script("evaluate").main(["--model", str(run), "--test_file", str(toy_data_dir / "test.tsv"),
+    command("evaluate")(["--model", str(run), "--test_file", str(toy_data_dir / "test.tsv"),
                                   "--max_samples", "5"])  # fmt: skip
     assert decoding[-1]["num_beams"] is None  # the model's generation config decides (4, saved above)
     (tmp_path / "in.txt").write_text("the red house.\nthe key is missing now.\n")
-    translations = load_script("translate").main(["--model", str(run), "--input_file", str(tmp_path / "in.txt"),
+    translations = command("translate")(["--model", str(run), "--input_file", str(tmp_path / "in.txt"),
                                                   "--output_file", str(tmp_path / "out.txt")])  # fmt: skip
     assert len(translations) == 2 and (tmp_path / "out.txt").read_text().count("\n") == 2
-    averaged = load_script("average_checkpoints").main(["--run_dir", str(run), "--num_checkpoints", "2",
+    averaged = command("average_checkpoints")(["--run_dir", str(run), "--num_checkpoints", "2",
                                                         "--output_dir", str(tmp_path / "avg")])  # fmt: skip
     assert AutoModelForSeq2SeqLM.from_pretrained(averaged).config.d_model == 32
 
@@ -110,9 +110,7 @@ def test_end_to_end(tmp_path, toy_data_dir, capsys, monkeypatch):
     info = json.loads((run / "training_info.json").read_text())
     assert (info["source_lang"], info["target_lang"], info["steps"]) == ("en", "de", 12)
     hub = tmp_path / "hub"
-    assert (
-        load_script("push_to_hub").main(["--model", str(run), "--repo_id", "someone/toy", "--dry_run", str(hub)]) == 0
-    )
+    assert command("push_to_hub")(["--model", str(run), "--repo_id", "someone/toy", "--dry_run", str(hub)]) == 0
     card = ModelCard.load(hub / "README.md")
     measured = json.loads((run / "all_results.json").read_text())
     bleu = next(r for r in card.data.eval_results if r.metric_type == "bleu")
@@ -124,11 +122,9 @@ def test_end_to_end(tmp_path, toy_data_dir, capsys, monkeypatch):
 
 def test_missing_tokenizer_and_input_are_clear_errors(tmp_path, toy_data_dir, capsys):
     with pytest.raises(ValueError, match="no tokenizer: pass --tokenizer_name"):
-        load_script("train").main(["--train_file", str(toy_data_dir / "train.tsv"), "--output_dir", str(tmp_path)])
+        command("train")(["--train_file", str(toy_data_dir / "train.tsv"), "--output_dir", str(tmp_path)])
     with pytest.raises(SystemExit):
-        load_script("translate").main(["--model", str(tmp_path), "--input_file", str(tmp_path / "none.txt")])
+        command("translate")(["--model", str(tmp_path), "--input_file", str(tmp_path / "none.txt")])
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(UserError, match=r"--model \S*nope: no such folder; pass the --output_dir of vt-train"):
-        load_script("evaluate").main(
-            ["--model", str(tmp_path / "nope"), "--test_file", str(toy_data_dir / "test.tsv")]
-        )
+        command("evaluate")(["--model", str(tmp_path / "nope"), "--test_file", str(toy_data_dir / "test.tsv")])

@@ -1,6 +1,8 @@
 """The command lines: each `*_command(argv)` parses its arguments, runs, and returns what it made (for Python callers
-and tests; errors raise); `scripts/<name>.py` calls it, and each `*_main` is the matching `vt-*` console script of
-pyproject.toml, where a user error is one line on stderr and exit status 2 (`vanilla_transformer_ort.cli_common`).
+and tests; errors raise), and each `*_main` is the matching `vt-*` console script of pyproject.toml (started through
+`vanilla_transformer_cli`, which answers `--version` without importing torch), where a user error is one line on
+stderr and exit status 2 (`vanilla_transformer_ort.cli_common`). `scripts/train.py` and `scripts/main_job.py` run
+`train_main` and `main_job_main` from a checkout.
 
 Flags are `--snake_case` like transformers', each also spelled `--kebab-case`; `--help` ends with an example and
 `--version` prints the package's version. Heavy imports (torch, datasets) happen after the arguments are parsed.
@@ -22,7 +24,7 @@ from vanilla_transformer_ort.cli_common import (
     run_cli,
 )
 
-from .cli_parsers import CONFIG_FILE, _hf_parser, _parser, check_model_folder
+from .cli_parsers import _hf_parser, _parser, check_model_folder
 from .progress import show_package_progress, without_weight_progress_bars
 
 
@@ -318,34 +320,6 @@ def main_job_command(argv: list[str] | None = None) -> dict[str, Any]:
     return summary
 
 
-def convert_marian_command(argv: list[str] | None = None):
-    """Convert a MarianMT / OPUS-MT checkpoint (a folder or a Hub id) into a vanilla-transformer model folder, exactly.
-
-    The folder holds the model (with its remote code), Marian's generation config and tokenizer files; it loads with
-    `AutoModelForSeq2SeqLM.from_pretrained`, fine-tunes with vt-train and exports with vt-export-onnx. The logic
-    lives in `vanilla_transformer.convert`.
-
-    Example:
-        vt-convert-marian --model Helsinki-NLP/opus-mt-en-de --output out/opus-mt-en-de
-    """
-    parser = _parser(convert_marian_command, "vt-convert-marian")
-    parser.add_argument(
-        "--model", required=True, help="MarianMTModel folder or Hub id (e.g. Helsinki-NLP/opus-mt-en-de)"
-    )
-    parser.add_argument("--output", required=True, help="folder to write")
-    parser.add_argument("--no_verify", action="store_true", help="skip the logits comparison with MarianMTModel")
-    args = parser.parse_args(argv)
-    if Path(args.model).is_dir() and not (Path(args.model) / CONFIG_FILE).is_file():
-        raise UserError(f"--model {args.model} is not a MarianMT folder (no {CONFIG_FILE}); pass a folder or Hub id")
-
-    from .convert import save_converted
-
-    report = save_converted(args.model, args.output, verify=not args.no_verify)
-    print(report)
-    print(f"Saved to {args.output}")
-    return report
-
-
 def push_to_hub_command(argv: list[str] | None = None) -> int:
     """Upload a trained model folder to the Hugging Face Hub with a filled-in model card.
 
@@ -434,5 +408,4 @@ evaluate_main = _console_script(evaluate_command, "vt-evaluate")
 translate_main = _console_script(translate_command, "vt-translate")
 average_checkpoints_main = _console_script(average_checkpoints_command, "vt-average-checkpoints")
 main_job_main = _console_script(main_job_command, "vt-main-job")
-convert_marian_main = _console_script(convert_marian_command, "vt-convert-marian")
 push_to_hub_main = _console_script(push_to_hub_command, "vt-push-to-hub")

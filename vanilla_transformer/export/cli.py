@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vanilla_transformer_ort.cli_common import UserError, add_flag_alias, debug_requested, make_parser, run_cli
+from vanilla_transformer_ort.cli_common import UserError, debug_requested, make_parser, run_cli
 
 from .. import __version__
 from ..progress import without_weight_progress_bars
@@ -38,16 +38,8 @@ converter API. Options, the length limit and measured speed are in export/README
 EXPORT_CTRANSLATE2_EXAMPLE = """vt-export-ctranslate2 --model runs/base --output ct2/base
 vt-export-ctranslate2 --model runs/base --output ct2/base-int8 --quantization int8"""
 
-EXPORT_MARIAN_DOC = """Export a trained model folder as a native MarianMT folder, exactly (the inverse of
-vt-convert-marian). The folder loads with transformers' MarianMTModel / AutoModelForSeq2SeqLM and AutoTokenizer
-without this package or remote model code. Inputs and outputs must stay shorter than --max_positions tokens (Marian's
-positional table is fixed). For CTranslate2 use vt-export-ctranslate2: ct2-transformers-converter assumes OPUS-MT's
-vocabulary and decoder start (docs/marian-export.md)."""
-EXPORT_MARIAN_EXAMPLE = """vt-export-marian --model out/model --output out/model-marian
-vt-export-marian --model out/model --output out/model-marian --max_positions 512 --overwrite"""
 
-
-def _export_parser(prog: str, doc: str, example: str, output_help: str) -> argparse.ArgumentParser:
+def export_parser(prog: str, doc: str, example: str, output_help: str) -> argparse.ArgumentParser:
     """The options every exporter takes: the model folder, the folder to write, and an optional tokenizer folder."""
     parser = make_parser(prog, doc, example, __version__)
     parser.add_argument("--model", required=True, help="save_pretrained folder (config, weights, tokenizer)")
@@ -89,7 +81,7 @@ def export_onnx_command(argv: list[str] | None = None) -> dict[str, Any] | Path:
     from .onnx_validation import FP32_TOLERANCE, validate_folder
     from .output_folder import check_output_dir
 
-    parser = _export_parser("vt-export-onnx", EXPORT_ONNX_DOC, EXPORT_ONNX_EXAMPLE, "export folder to write")
+    parser = export_parser("vt-export-onnx", EXPORT_ONNX_DOC, EXPORT_ONNX_EXAMPLE, "export folder to write")
     parser.add_argument(
         "--layout",
         choices=["vanilla", "optimum"],
@@ -180,7 +172,7 @@ def export_ctranslate2_command(argv: list[str] | None = None):
     Errors raise (`export_ctranslate2_main` turns user errors into one line and exit status 2)."""
     from . import CTRANSLATE2_QUANTIZATIONS
 
-    parser = _export_parser(
+    parser = export_parser(
         "vt-export-ctranslate2",
         EXPORT_CTRANSLATE2_DOC,
         EXPORT_CTRANSLATE2_EXAMPLE,
@@ -224,29 +216,6 @@ def export_ctranslate2_command(argv: list[str] | None = None):
     return output
 
 
-def export_marian_command(argv: list[str] | None = None) -> Path:
-    """`marian_export.save_marian`, then `verify_export` on the written folder; prints the largest logit difference
-    and returns the folder. Errors raise (`export_marian_main` turns user errors into one line and exit status 2)."""
-    from ..cli_parsers import check_model_folder
-
-    parser = _export_parser("vt-export-marian", EXPORT_MARIAN_DOC, EXPORT_MARIAN_EXAMPLE, "MarianMT folder to write")
-    add_flag_alias(parser, "--output", "--output_dir")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --output folder")
-    parser.add_argument(
-        "--max_positions", type=int, help="rows of Marian's position table (default: max(1024, the model's length))"
-    )
-    args = parser.parse_args(argv)
-    check_model_folder(args.model, must_exist=True)
-
-    from ..marian_export import save_marian, verify_export
-
-    output = save_marian(args.model, args.output, args.tokenizer, args.overwrite, args.max_positions)
-    difference = verify_export(args.model, output)
-    print(f"max |logits(MarianMTModel) - logits(this model)| on a random batch: {difference:.2e}")
-    print(f"Saved a MarianMTModel folder to {output}")
-    return output
-
-
 def export_onnx_main(argv: list[str] | None = None) -> int:
     """The `vt-export-onnx` console script: `export_onnx_command`; returns the exit status."""
     return run_cli(without_weight_progress_bars(export_onnx_command), argv, prog="vt-export-onnx")
@@ -255,8 +224,3 @@ def export_onnx_main(argv: list[str] | None = None) -> int:
 def export_ctranslate2_main(argv: list[str] | None = None) -> int:
     """The `vt-export-ctranslate2` console script: `export_ctranslate2_command`; returns the exit status."""
     return run_cli(without_weight_progress_bars(export_ctranslate2_command), argv, prog="vt-export-ctranslate2")
-
-
-def export_marian_main(argv: list[str] | None = None) -> int:
-    """The `vt-export-marian` console script: `export_marian_command`; returns the exit status."""
-    return run_cli(without_weight_progress_bars(export_marian_command), argv, prog="vt-export-marian")

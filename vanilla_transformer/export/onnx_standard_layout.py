@@ -98,7 +98,7 @@ def find_tokenizer(model_dir: Path, tokenizer_dir: Path | None) -> Path:
 def check_marian_compatible(model_dir: Path) -> None:
     """Raise ValueError, before any weight is loaded, for a model that MarianMT's config.json cannot describe
     (pre-LN, an activation or LayerNorm ε Marian lacks, another model type): the standard layout ships that config."""
-    from ..marian_export import marian_config_from
+    from ..marian.exporter import marian_config_from
     from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
 
     model_type = json.loads((model_dir / CONFIG_FILE).read_text(encoding="utf-8")).get("model_type")
@@ -162,7 +162,7 @@ def export_standard_layout(
     check_marian_compatible(model_dir)
 
     from ..inference import load_model_folder
-    from ..marian_export import save_marian
+    from ..marian.exporter import save_marian
     from .onnx_merged_decoder import build_merged_decoder, export_encoder
 
     model = load_model_folder(model_dir, dtype=torch.float32).eval()

@@ -284,7 +284,7 @@ def prepare_hub_folder(
 
     `hub_format` "vanilla_transformer" uploads the model with its source (loaded with `trust_remote_code=True`);
     "marian" uploads the native MarianMT folder of `marian_export.save_marian`, which transformers loads without
-    remote code (docs/marian-export.md).
+    remote code (docs/marian.md).
     """
     if hub_format not in HUB_FORMATS:
         raise ValueError(f"Unknown hub format {hub_format!r}; choose one of {', '.join(HUB_FORMATS)}.")
@@ -324,7 +324,7 @@ def prepare_hub_folder(
 
 def _write_marian_folder(model_dir: Path, output_dir: Path) -> None:
     """The native MarianMT folder (`marian_export.save_marian`) and the run's metric and training records."""
-    from .marian_export import save_marian
+    from ..marian.exporter import save_marian
 
     save_marian(model_dir, output_dir)
     for name in (*METRIC_FILES, TRAINING_INFO):
@@ -335,7 +335,7 @@ def _write_marian_folder(model_dir: Path, output_dir: Path) -> None:
 def _marian_card_context(marian_dir: Path) -> dict[str, str]:
     """What the MarianMT card says beyond the common card: the position limit and whether CTranslate2's own converter
     reads the folder exactly (`marian_export.ctranslate2_converter_issues`)."""
-    from .marian_export import ctranslate2_converter_issues
+    from ..marian.exporter import ctranslate2_converter_issues
 
     issues = ctranslate2_converter_issues(marian_dir)
     if issues:

@@ -16,18 +16,18 @@ only torch and a sibling, so that it can be shipped as remote code.
 
 **Packed linear.** Every decoding step multiplies batch × beams rows (1 to a few dozen) by each decoder weight and by
 the (vocab, d_model) output projection. For such shapes the default CPU GEMM re-packs the whole weight on every call
-and reaches a fraction of the machine's rate: at base size a (64, 512) × (512, 32000) product takes 21 ms there and
-11 ms with the weight packed once into oneDNN's blocked layout (the packing torch's inductor applies when it
-freezes a model). Inside `packed_weights(model)`, which `generate()` opens, a `Linear` with `packed_inference` set
-(the model sets it from `config.cpu_weight_packing` for the decoder and `lm_head`) takes the packed path when:
+and reaches a fraction of the machine's rate; with the weight packed once into oneDNN's blocked layout (the packing
+torch's inductor applies when it freezes a model) the output projection of a base-size decoding step runs about twice
+as fast (docs/model.md, `cpu_weight_packing`). Inside `packed_weights(model)`, which `generate()` opens, a `Linear`
+with `packed_inference` set (the model sets it from `config.cpu_weight_packing` for the decoder and `lm_head`) takes
+the packed path when:
 
 - autograd is off (as in `generate()`), the input and weight are fp32 on the CPU;
 - no tracing, compiling or exporting is in progress, and torch is built with oneDNN;
 - the input has at least `PACKED_MIN_ROWS` rows. That is 1 except on Intel CPUs, where MKL, which torch's `linear`
-  calls, runs its own tuned kernels: there one or two rows multiply faster the default way (a 1 x 512 by
-  512 x 32000 product 1.20 ms against 1.27 packed, by a 512 x 512 weight 19 against 40 µs; from 4 rows on the packed
-  weight wins, 2.4 against 1.3 ms for the output projection), while on AMD CPUs, where MKL does not run its tuned
-  kernels, the packed weight is 2.9x faster even at one row (2.3 against 6.6 ms). See `packed_min_rows`.
+  calls, runs its own tuned kernels: there one or two rows multiply faster the default way and from 4 rows on the
+  packed weight wins, while on AMD CPUs, where MKL does not run its tuned kernels, the packed weight wins even at one
+  row. See `packed_min_rows`.
 
 Everywhere else, training included, it is exactly `nn.Linear`. The packed copy is kept between calls (a second copy of
 those weights in memory) and checked when a block opens: a new storage, a bumped version counter or a changed sample
@@ -163,15 +163,13 @@ def attention(interface: Callable, module: nn.Module, query: torch.Tensor, key: 
 
     Under CPU autocast (`--bf16 --use_cpu`) the projections around it run in bf16, where CPUs with AVX512-BF16 or AMX
     multiply about twice as fast as in fp32, but torch's CPU flash-attention backward is far slower in bf16 than in
-    fp32: in a `small` training step of 64x15 tokens on 2 cores it took 70 ms of 290 against 10 in fp32. So there:
+    fp32 (docs/experiments/steps-and-speed.md, "Attention in bf16"). So there:
 
     - when `math` is given (the caller's eager formula, softmax(QKᵀ/√d_k)V, for the `sdpa` and `eager` backends) and
       there are at most `MATH_ATTENTION_MAX_KEYS` keys, it runs in the autocast dtype: QKᵀ and the product with V in
       bf16, the softmax in fp32 (as transformers' eager attention runs under GPU autocast). At the short lengths of
-      translation batches the flash kernel's blocking is all overhead: one attention's forward and backward over
-      4,096 tokens took 8-32 ms against 39-80 ms at 16 to 128 keys (two runs); at 256 keys the fp32 kernel is
-      faster, and it never holds the (batch, heads, queries, keys) weights; a `small` bf16 training step over five
-      batch shapes of 1,024 tokens took 2.5-7 % less time (docs/TRAINING.md, "Attention in bf16"). Where the `sdpa`
+      translation batches the flash kernel's blocking is all overhead; from `MATH_ATTENTION_MAX_KEYS` keys on the
+      fp32 kernel is faster, and it never holds the (batch, heads, queries, keys) weights. Where the `sdpa`
       backend would have taken `is_causal` (no mask, more than one query), the causal mask is built here;
     - otherwise the backend gets fp32 queries, keys and values (and mask) with autocast off, and its output is cast
       back to the queries' dtype.
@@ -203,9 +201,8 @@ def keep_mask(x: torch.Tensor, p: float) -> tuple[torch.Tensor, float]:
     Each 64-bit draw of torch's generator (seeded by `torch.manual_seed`) gives four 16-bit lanes; each lane's top 15
     bits are a uniform u over [-2¹⁴, 2¹⁴), dropped when u < t = round(p · 2¹⁵) - 2¹⁴. The comparison runs as int16
     arithmetic, (u - t) >> 15 (the sign: -1 drop, 0 keep; u - t cannot overflow), + 1, and the mask is converted to
-    x's dtype so that applying it is a plain vectorised product: timed once op by op on 2 threads, a bool-by-bf16
-    product took 1.2 ms per 1M elements against 0.09 for a bf16 one (docs/TRAINING.md, "The ReLU and its dropout
-    fused"). The realised probability
+    x's dtype so that applying it is a plain vectorised product, an order of magnitude faster than a bool-by-bf16
+    one (docs/experiments/steps-and-speed.md, "The ReLU and its dropout fused"). The realised probability
     round(p · 2¹⁵) / 2¹⁵ is p to within 2⁻¹⁶ (0.100006 for 0.1). Every step runs in place on the drawn words (fresh
     tensors cost page faults on the CPU): for bf16 and fp16 the mask is the words' own memory, read as x's dtype.
     """

@@ -73,7 +73,7 @@ class DataArguments:
         },
     )
     tokenizer_name: str | None = field(
-        default=None, metadata={"help": "Folder of a tokenizer from scripts/train_tokenizer.py (or a model folder)."}
+        default=None, metadata={"help": "Folder of a tokenizer from vt-train-tokenizer (or a model folder)."}
     )
     max_source_length: int = field(default=128, metadata={"help": "Pairs with a longer source are dropped."})
     max_target_length: int = field(default=128, metadata={"help": "Pairs with a longer target are dropped."})

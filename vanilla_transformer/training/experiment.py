@@ -266,7 +266,7 @@ def average_final_weights(trainer: TranslationTrainer, count: int) -> list[str]:
     if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
         raise ValueError(
             "--average_checkpoints works on whole (unsharded) models; under FSDP or DeepSpeed, average the saved "
-            "checkpoints afterwards with scripts/average_checkpoints.py."
+            "checkpoints afterwards with vt-average-checkpoints."
         )
     model = trainer.accelerator.unwrap_model(trainer.model)
     return average_with_checkpoints(model, trainer.args.output_dir, count, trainer.state.global_step)

@@ -53,21 +53,22 @@ class MainJobArguments:
     vocab_size: int = _arg(8000, "Joint BPE vocabulary size (the paper: ~37k on WMT; this corpus is small).")
     add_prefix_space: bool = _arg(
         True,
-        "Tokenize each text as if it began with a space, so first words share the tokens of inner words: out of "
-        "domain 18.1 BLEU against 17.4 without, in-domain 44.7 against 43.8, at 2,900 steps (TRAINING.md).",
+        "Tokenize each text as if it began with a space, so first words share the tokens of inner words; measured "
+        "better in and out of domain (docs/experiments/tokenizer-and-data.md).",
     )
     preset: str = _arg("small", "Model preset: small (d_model 256, 3+3 layers, 7.6M parameters) or tiny (d_model 64).")
-    dropout: float = _arg(0.1, "P_drop (§5.4), the paper's 0.1; 0.2 measured no better out of domain (TRAINING.md).")
+    dropout: float = _arg(
+        0.1, "P_drop (§5.4), the paper's 0.1; 0.2 measured no better out of domain (docs/experiments/dropout.md)."
+    )
     attention_dropout: float = _arg(
         0.0,
         "Dropout on the attention weights (not in the paper; 0.1 in tensor2tensor's base): alone, measured no better "
-        "out of domain (TRAINING.md).",
+        "out of domain (docs/experiments/dropout.md).",
     )
     activation_dropout: float = _arg(
         0.3,
-        "Dropout after the FFN's ReLU (not in the paper, which has 0): out of domain 18.3 BLEU with 0.3 against 17.8 "
-        "with 0.2 at 3,800 steps, and 18.1 with 0.2 against 17.7 with 0 at 4,000, every seed up each time; it costs "
-        "about 4 percent of a step (TRAINING.md).",
+        "Dropout after the FFN's ReLU (not in the paper, which has 0): 0.3 measured better out of domain than 0.2, "
+        "and 0.2 better than 0, every seed up each time, for a small share of a step (docs/experiments/dropout.md).",
     )
     config_overrides: str | None = _arg(
         None, "Config fields to override, e.g. 'encoder_layers=4' (wins over the three dropout flags)."
@@ -76,30 +77,36 @@ class MainJobArguments:
     num_processes: int = _arg(
         1,
         "Training processes (DDP over gloo, each with its share of the cores and of --max_tokens); 2 on 2 cores "
-        "measured 1.03x the tokens/s of one process and the same BLEU (TRAINING.md).",
+        "measured about the speed of one process and the same BLEU (docs/experiments/steps-and-speed.md).",
     )
     warmup_steps: int = _arg(500, "Noam warmup; the paper's 4000 would not finish within a CPU budget.")
-    learning_rate: float = _arg(2e-3, "Noam peak; Eq. 3 gives 1e-3 for d_model 256, 2e-3 trains faster (TRAINING.md).")
+    learning_rate: float = _arg(
+        2e-3, "Noam peak; Eq. 3 gives 1e-3 for d_model 256, 2e-3 trains faster (docs/experiments/learning-rate.md)."
+    )
     weight_decay: float = _arg(
         0.1,
-        "Decoupled AdamW weight decay on the weight matrices (not in the paper, which uses none); out of domain it "
-        "measured 18.05 BLEU against 17.28 without, every seed up (TRAINING.md).",
+        "Decoupled AdamW weight decay on the weight matrices (not in the paper, which uses none); it measured better "
+        "out of domain, every seed up (docs/experiments/regularisation.md).",
     )
     lr_cooldown: float = _arg(
         0.2,
         "The learning rate falls linearly to 0 over this last fraction of the steps in the budget; 0: off, "
-        "the paper's schedule to the end (TRAINING.md).",
+        "the paper's schedule to the end (docs/experiments/cooldown.md).",
     )
     length_penalty: float = _arg(
-        1.0, "Beam length penalty (score / length**alpha); 1.0 measured above the paper's 0.6 (TRAINING.md)."
+        1.0,
+        "Beam length penalty (score / length**alpha); 1.0 measured above the paper's 0.6 "
+        "(docs/experiments/decoding.md).",
     )
     bf16: bool | None = _arg(
-        None, "bf16 autocast (default: on where the CPU multiplies bf16 natively, 1.24x the tokens/s; TRAINING.md)."
+        None,
+        "bf16 autocast (default: on where the CPU multiplies bf16 natively, where it trains faster; "
+        "docs/experiments/steps-and-speed.md).",
     )
     eval_steps: int = _arg(
         1000,
-        "Validate (beam search, BLEU on --max_eval_samples pairs) every N steps; each validation takes 6-8 s of the "
-        "budget, about 25 steps (TRAINING.md).",
+        "Validate (beam search, BLEU on --max_eval_samples pairs) every N steps; each validation takes some seconds "
+        "of the budget (docs/experiments/steps-and-speed.md).",
     )
     save_steps: int | None = _arg(
         None,

@@ -114,7 +114,7 @@ def check_special_token_ids(tokenizer: PreTrainedTokenizerFast, config) -> None:
         details = ", ".join(f"{name}: tokenizer {tok} vs config {cfg}" for name, (tok, cfg) in wrong.items())
         raise ValueError(
             f"Tokenizer and model config disagree on special token ids ({details}). "
-            "Retrain the tokenizer with scripts/train_tokenizer.py or fix the config."
+            "Retrain the tokenizer with vt-train-tokenizer or fix the config."
         )
     if len(tokenizer) > config.vocab_size:
         raise ValueError(

@@ -5,9 +5,9 @@ Marian is the paper's post-LN Transformer with four differences, each converted 
 - its sinusoids put all sines in the first half of the vector and all cosines in the second; the paper (and this
   package) interleave them at the same frequencies. The two layouts differ by a fixed permutation of the model
   dimension, so the residual stream is permuted instead of the positional encoding: embedding columns, the d_model
-  side of every projection and the LayerNorm γ/β (`interleave_permutation`, `_permute`). Attention and the FFN
-  never mix coordinates of the residual stream except through these weights, and LayerNorm's mean and variance do
-  not depend on the order, so the logits are unchanged;
+  side of every projection and the LayerNorm γ/β (`permutation.py`). Attention and the FFN never mix coordinates of
+  the residual stream except through these weights, and LayerNorm's mean and variance do not depend on the order, so
+  the logits are unchanged;
 - the FFN activation (OPUS-MT uses swish), carried in `activation_function`;
 - a trained bias added to the logits (`add_final_logits_bias`);
 - separate source and target vocabularies in some checkpoints (`share_encoder_decoder_embeddings`,
@@ -29,9 +29,10 @@ from typing import Any
 import torch
 from transformers.utils import logging
 
-from .model.configuration_vanilla_transformer import ACTIVATIONS, VanillaTransformerConfig
-from .model.embeddings import sinusoidal_positional_encoding
-from .model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from ..model.configuration_vanilla_transformer import ACTIVATIONS, VanillaTransformerConfig
+from ..model.embeddings import sinusoidal_positional_encoding
+from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from .permutation import interleave_permutation, permute_residual
 
 logger = logging.get_logger(__name__)
 
@@ -79,15 +80,6 @@ class ConversionReport:
         return "\n".join(lines)
 
 
-def interleave_permutation(d_model: int) -> torch.Tensor:
-    """Indices `perm` with `ours[..., k] = marian[..., perm[k]]`: [sin | cos] halves → interleaved sin/cos pairs.
-
-    Our dimension 2i holds sin(pos·ω_i), Marian's dimension i; our 2i+1 holds cos(pos·ω_i), Marian's d_model/2 + i.
-    """
-    half = d_model // 2
-    return torch.stack((torch.arange(half), torch.arange(half) + half), dim=1).flatten()  # (d_model,)
-
-
 def config_from_marian(marian_config) -> VanillaTransformerConfig:
     """A `VanillaTransformerConfig` computing what `marian_config` computes; raises ValueError naming any
     MarianConfig field whose value cannot be reproduced exactly."""
@@ -120,26 +112,6 @@ def config_from_marian(marian_config) -> VanillaTransformerConfig:
         normalize_before=False,
         architectures=["VanillaTransformerForConditionalGeneration"],
     )
-
-
-def _permute(name: str, tensor: torch.Tensor, perm: torch.Tensor) -> tuple[torch.Tensor, str]:
-    """Marian's tensor `name` in our residual layout, and a description of what was done."""
-    if name == "final_logits_bias":
-        return tensor, "final_logits_bias: copied"
-    base, kind = name.rsplit(".", 1)
-    if name.endswith(("embed_tokens.weight", "shared.weight", "lm_head.weight")):
-        return tensor[:, perm], "embedding / output projection: d_model columns permuted"
-    if base.endswith(("q_proj", "k_proj", "v_proj", "fc1")):
-        if kind == "weight":  # reads the residual stream: (out, d_model)
-            return tensor[:, perm], "projection from d_model: input columns permuted"
-        return tensor, "projection bias (not in d_model): copied"
-    if base.endswith(("out_proj", "fc2")):  # writes the residual stream: (d_model, in) and (d_model,)
-        if kind == "weight":
-            return tensor[perm, :], "projection to d_model: output rows permuted"
-        return tensor[perm], "projection bias in d_model: permuted"
-    if base.endswith("layer_norm"):
-        return tensor[perm], "LayerNorm γ/β: permuted"
-    raise ValueError(f"No conversion rule for Marian tensor {name!r}.")
 
 
 def _load_marian(model_or_path) -> tuple[Any, str]:
@@ -183,7 +155,7 @@ def convert_marian(model_or_path) -> tuple[VanillaTransformerForConditionalGener
     for name, target in target_state.items():
         if name not in source_state:
             raise ValueError(f"The Marian checkpoint has no tensor {name!r} for this model.")
-        tensor, how = _permute(name, source_state[name], perm)
+        tensor, how = permute_residual(name, source_state[name], perm)
         if tensor.shape != target.shape:
             raise ValueError(f"{name}: Marian shape {tuple(tensor.shape)} != expected {tuple(target.shape)}.")
         converted[name] = tensor.contiguous()
@@ -273,7 +245,6 @@ __all__ = [
     "config_from_marian",
     "convert_marian",
     "from_marian",
-    "interleave_permutation",
     "save_converted",
     "verify_conversion",
 ]

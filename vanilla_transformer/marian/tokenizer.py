@@ -1,4 +1,4 @@
-"""The tokenizer of an exported MarianMT folder (`marian_export.save_marian`): the fast tokenizer (`tokenizer.json`)
+"""The tokenizer of an exported MarianMT folder (`exporter.save_marian`): the fast tokenizer (`tokenizer.json`)
 with a tokenizer_config.json that transformers 4 and 5 and transformers.js read alike, or, for a model imported from
 MarianMT, Marian's sentencepiece files unchanged."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from vanilla_transformer_ort.marian_tokenizer import MARIAN_TOKENIZER_FILES, is_marian_tokenizer_folder
 
-from .model.configuration_vanilla_transformer import VanillaTransformerConfig
+from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
 
 # The fast tokenizer's class as written in tokenizer_config.json: transformers 5 reads it as `TokenizersBackend`
 # (for model_type "marian" too, instead of the sentencepiece MarianTokenizer), transformers.js strips "Fast" and

@@ -1,13 +1,14 @@
-"""Exact export of this package's model to transformers' native `MarianMTModel`: the inverse of `convert.py`.
+"""Exact export of this package's model to transformers' native `MarianMTModel`: the inverse of `importer.py`.
 
 MarianMT is the paper's post-LN Transformer (§3.1) with the sinusoids of §3.5 laid out as [sin | cos] halves instead
 of interleaved pairs. Same frequencies, so the two layouts differ by a fixed permutation of the model dimension:
 `to_marian` permutes the residual stream back (every d_model axis of the weights, with `argsort` of
-`convert.interleave_permutation`), which leaves the logits unchanged while the positional table becomes Marian's own.
+`permutation.interleave_permutation`), which leaves the logits unchanged while the positional table becomes
+Marian's own.
 `save_marian` writes a folder that loads with `MarianMTModel.from_pretrained`, `AutoModelForSeq2SeqLM` and
 `AutoTokenizer` without this package and without remote model code. (CTranslate2's `ct2-transformers-converter`
 assumes OPUS-MT's conventions: a <pad> appended last, a decoder starting from its zero embedding, one head count;
-docs/marian-export.md. `vt-export-ctranslate2` converts our models exactly.)
+docs/marian.md. `vt-export-ctranslate2` converts our models exactly.)
 
 Marian's positional table has a fixed number of rows (`max_position_embeddings`); ours has no limit. The exported
 table has `max(1024, config.max_position_embeddings)` rows unless `max_positions` says otherwise
@@ -27,13 +28,14 @@ from transformers import GenerationConfig, MarianConfig, MarianMTModel
 from transformers.activations import ACT2FN
 from transformers.utils import logging
 
-from .convert import MARIAN_LAYER_NORM_EPS, POSITION_TOLERANCE, _permute, interleave_permutation
-from .export.output_folder import check_output_dir, staged_output
-from .marian_export_tokenizer import FAST_TOKENIZER_CLASS, tokenizer_kind, write_tokenizer
-from .model.configuration_vanilla_transformer import VanillaTransformerConfig
-from .model.embeddings import sinusoidal_positional_encoding
-from .model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from .model.pipeline_vanilla_transformer import CUSTOM_PIPELINES
+from ..export.output_folder import check_output_dir, staged_output
+from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
+from ..model.embeddings import sinusoidal_positional_encoding
+from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from ..model.pipeline_vanilla_transformer import CUSTOM_PIPELINES
+from .importer import MARIAN_LAYER_NORM_EPS, POSITION_TOLERANCE
+from .permutation import interleave_permutation, permute_residual
+from .tokenizer import FAST_TOKENIZER_CLASS, tokenizer_kind, write_tokenizer
 
 logger = logging.get_logger(__name__)
 
@@ -42,7 +44,7 @@ DEFAULT_NUM_BEAMS = 4  # generation defaults written when the model's own genera
 DEFAULT_MAX_LENGTH = 512
 # transformers 5 removed pipeline("translation"); this transformers-only file (no model code) brings it back through
 # config.json's `custom_pipelines`, so the pipeline, and only it, needs `trust_remote_code=True`.
-PIPELINE_FILE = Path(__file__).resolve().parent / "model" / "pipeline_vanilla_transformer.py"
+PIPELINE_FILE = Path(__file__).resolve().parents[1] / "model" / "pipeline_vanilla_transformer.py"
 
 
 def default_max_positions(config: VanillaTransformerConfig) -> int:
@@ -129,7 +131,7 @@ def _tie_groups(module: torch.nn.Module) -> list[list[str]]:
 def to_marian(model: VanillaTransformerForConditionalGeneration, max_positions: int | None = None) -> MarianMTModel:
     """`model` as a `MarianMTModel` with the same logits (up to float rounding), in eval mode.
 
-    Every tensor of ours is mapped to one of Marian's with the inverse of `convert.py`'s permutation; Marian's
+    Every tensor of ours is mapped to one of Marian's with the inverse of `importer.py`'s permutation; Marian's
     positional tables are its own (checked against our closed form, permuted) and its `final_logits_bias` is ours or
     zeros. A tensor left over on either side, or tied weights that would merge different values, is a ValueError.
     """
@@ -152,7 +154,7 @@ def to_marian(model: VanillaTransformerForConditionalGeneration, max_positions: 
         elif name == "final_logits_bias" and name not in ours:
             converted[name] = torch.zeros_like(target)  # ours adds no bias; Marian always has the buffer
         elif name in ours:
-            tensor, _ = _permute(name, ours.pop(name), inverse)
+            tensor, _ = permute_residual(name, ours.pop(name), inverse)
             if tensor.shape != target.shape:
                 raise ValueError(f"{name}: shape {tuple(tensor.shape)} != MarianMTModel's {tuple(target.shape)}.")
             converted[name] = tensor.contiguous()
