@@ -1,4 +1,4 @@
-"""vt-train as a file, for `accelerate launch scripts/train.py ...` (DDP, FSDP, DeepSpeed; docs/TRAINING.md)."""
+"""vt-train as a file, for `accelerate launch scripts/train.py ...` (DDP, FSDP, DeepSpeed; docs/training.md)."""
 
 from vanilla_transformer.cli import train_main
 

@@ -85,8 +85,8 @@ def _sources_key() -> str:
 
 def _export_all(folder: Path) -> None:
     from tests.onnx_helpers import copying_model_dir
-    from vanilla_transformer.export.onnx_export import export_model
-    from vanilla_transformer.export.onnx_standard_layout import export_standard_layout
+    from vanilla_transformer.export.onnx.export import export_model
+    from vanilla_transformer.export.onnx.standard_layout import export_standard_layout
 
     model_dir = copying_model_dir()
     export_standard_layout(model_dir, folder / "standard", quantize="int8")

@@ -18,8 +18,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.export.onnx_export import export_model
-from vanilla_transformer.export.onnx_validation import validate_folder
+from vanilla_transformer.export.onnx.export import export_model
+from vanilla_transformer.export.onnx.validation import validate_folder
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3, the model's pad / bos+decoder start / eos / unk
 WORDS = list(string.ascii_lowercase) + list("0123456")  # 33 words: vocab 37

@@ -7,7 +7,7 @@ import functools
 from pathlib import Path
 
 from tests.onnx_helpers import _temporary_dir, trained_model_dir
-from vanilla_transformer.export.onnx_standard_layout import export_standard_layout
+from vanilla_transformer.export.onnx.standard_layout import export_standard_layout
 
 STALE_FILE = "stale.txt"  # in the folder before the export, which replaces it (overwrite=True)
 

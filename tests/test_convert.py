@@ -336,8 +336,8 @@ def test_converted_folder_fine_tunes(converted_dirs, tmp_path, toy_data_dir):
 @pytest.mark.parametrize("name", ["separate", pytest.param("shared", marks=pytest.mark.slow)])
 def test_onnx_runtime_translates_like_marian(converted_dirs, tmp_path, name):
     """Export (minutes on a busy 2-core machine: the shared-vocabulary variant, with the validation grid, is slow)."""
-    from vanilla_transformer.export.onnx_export import export_model
-    from vanilla_transformer.export.onnx_validation import validate_folder
+    from vanilla_transformer.export.onnx.export import export_model
+    from vanilla_transformer.export.onnx.validation import validate_folder
     from vanilla_transformer_ort import OrtTranslator
 
     folder, marian, tokenizer = converted_dirs[name]

@@ -40,7 +40,6 @@ INCLUDE = re.compile(r'^--8<--\s+"([^"]+)"\s*$')
 # Files the site includes whole: they document commands on the reader's own model folders and on benchmark work
 # folders (minutes each); their flags are checked, their blocks not run.
 INCLUDED_NOT_RUN = {
-    "export/README.md": "commands on the reader's model folders; flags checked",
     "benchmarks/README.md": "benchmarks run for minutes each; flags checked",
 }
 # README.md's Python blocks are run by tests/test_readme.py, which also checks its two commands.
@@ -119,7 +118,7 @@ def make_tiny_folders(target: Path, with_onnx: bool) -> None:
         model.save_pretrained(folder)
         build_tokenizer().save_pretrained(folder)
     if with_onnx:
-        from vanilla_transformer.export.onnx_export import export_model
+        from vanilla_transformer.export.onnx.export import export_model
 
         export_model(target / "runs" / "demo", target / "runs" / "demo-onnx")
 
@@ -387,8 +386,8 @@ def test_parser_reads_fences_markers_and_includes():
     page = ROOT / "docs" / "index.md"
     blocks = read_blocks(page)
     assert blocks and all(block.page == "docs/index.md" for block in blocks)
-    onnx = read_blocks(ROOT / "docs" / "onnx.md")
-    assert any(block.page == "export/README.md" for block in onnx)  # the --8<-- include was followed
+    benchmarks = read_blocks(ROOT / "docs" / "benchmarks.md")
+    assert any(block.page == "benchmarks/README.md" for block in benchmarks)  # the --8<-- include was followed
     assert command_and_flags(shlex.split("python scripts/train.py --max_steps 5")) == (
         "vt-train",
         ["--max_steps", "5"],

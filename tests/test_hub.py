@@ -230,7 +230,7 @@ class TestBadInput:
         assert not (tmp_path / "o").exists()
 
     def test_missing_folder(self, tmp_path):
-        with pytest.raises(FileNotFoundError, match="does not exist"):
+        with pytest.raises(FileNotFoundError, match="no such folder"):
             prepare_hub_folder(tmp_path / "nope", tmp_path / "o", "a/b", ROOT / "model_card.md")
 
     @pytest.mark.parametrize("repo_id", ["no-namespace", "a/b/c", "bad name/x", "a/b..c", ""])

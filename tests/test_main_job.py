@@ -54,7 +54,7 @@ def test_main_job_on_a_tiny_catalog(tmp_path, options):
     assert set(summary["examples"]) == {"the red house.", "the key."}
     assert set(summary["timings_s"]) == {"harvest", "tokenizer", "train_and_evaluate", "examples", "total"}
     assert summary["preset"] == "tiny" and summary["parameters"] > 0
-    # bf16 autocast by default where the CPU multiplies bf16 natively (TRAINING.md, "Mixed precision"); --bf16 false
+    # bf16 autocast by default where the CPU multiplies bf16 natively (training.md, "Mixed precision"); --bf16 false
     # keeps fp32.
     assert summary["precision"] == ("bf16 autocast" if bf16 is None and cpu_has_fast_bf16() else "fp32")
     seen = summary["train_tokens_seen"]
@@ -68,18 +68,18 @@ def test_main_job_on_a_tiny_catalog(tmp_path, options):
     assert info["dataset"] == "gettext-en-de" and "gettext catalogs" in info["dataset description"]
     if not options:
         # By default the learning rate cools down to 0 over the last 20% of the steps and the final weights are
-        # kept as they are (TRAINING.md, "Out of domain").
+        # kept as they are (training.md, "Out of domain").
         assert summary["lr_cooldown"] == 0.2 and info["learning rate cooldown (fraction of the steps)"] == 0.2
         assert summary["averaged_checkpoints"] is None and same_as_last
-        # AdamW's decoupled weight decay 0.1, not in the paper, raised every seed out of domain (TRAINING.md); it
+        # AdamW's decoupled weight decay 0.1, not in the paper, raised every seed out of domain (training.md); it
         # wins over the paper recipe's 0.0, and the optimizer applies it to the weights but not to biases or norms.
         assert summary["weight_decay"] == info["weight decay"] == 0.1
         groups = _optimizer_groups(job / "model" / "checkpoint-4")
         assert {group["weight_decay"] for group in groups} == {0.1, 0.0}
-        assert summary["training_processes"] == 1  # two measured no better on 2 cores (TRAINING.md)
+        assert summary["training_processes"] == 1  # two measured no better on 2 cores (training.md)
         assert model.config.dropout == summary["dropout"] == info["dropout"] == 0.1  # the paper's P_drop (§5.4)
         # No attention dropout, as in the paper (measured no better out of domain); dropout 0.3 after the ReLU, not in
-        # the paper, which raised every seed out of domain at equal steps, above 0.2 and 0 (TRAINING.md).
+        # the paper, which raised every seed out of domain at equal steps, above 0.2 and 0 (training.md).
         assert model.config.attention_dropout == summary["attention_dropout"] == info["attention dropout"] == 0.0
         assert model.config.activation_dropout == summary["activation_dropout"] == info["activation dropout"] == 0.3
     else:
@@ -90,7 +90,7 @@ def test_main_job_on_a_tiny_catalog(tmp_path, options):
         assert model.config.dropout == summary["dropout"] == 0.05
         assert model.config.attention_dropout == info["attention dropout"] == 0.1
         assert model.config.activation_dropout == info["activation dropout"] == 0.02
-    # The tokenizer encodes each text as if it began with a space by default (TRAINING.md, "Prefix space"): the first
+    # The tokenizer encodes each text as if it began with a space by default (training.md, "Prefix space"): the first
     # word then takes the tokens it has inside a sentence; --add_prefix_space false trains the plain byte-level one.
     tokenizer = AutoTokenizer.from_pretrained(job / "tokenizer")
     first, inner = tokenizer("house")["input_ids"][:-1], tokenizer("the house")["input_ids"][1:-1]
@@ -101,7 +101,7 @@ def test_main_job_on_a_tiny_catalog(tmp_path, options):
     assert (job / "model" / "cross_attention.png").is_file() and (job / "model" / "training_curves.png").is_file()
     assert list((job / "model" / "runs").glob("*/events.out.tfevents.*"))  # TensorBoard logs
     assert model.config.d_model == 32
-    # The main job decodes with length penalty 1.0 (TRAINING.md), and the saved model keeps it for generate().
+    # The main job decodes with length penalty 1.0 (training.md), and the saved model keeps it for generate().
     assert model.generation_config.length_penalty == 1.0 and model.generation_config.num_beams == 4
 
 
@@ -150,7 +150,7 @@ def test_model_overrides_put_the_dropouts_first_so_config_overrides_win():
 
 def test_checkpoints_and_validations_are_spaced_to_spare_the_budget():
     # Validation (beam search) every 1,000 steps and a checkpoint every 500: each takes time from training
-    # (TRAINING.md). Averaging wants the last states close together, so it saves every 100 steps unless told.
+    # (training.md). Averaging wants the last states close together, so it saves every 100 steps unless told.
     defaults = MainJobArguments()
     assert defaults.eval_steps == 1000 and defaults.save_steps is None and defaults.average_checkpoints == 0
     assert checkpoint_steps(defaults.save_steps, defaults.average_checkpoints) == 500

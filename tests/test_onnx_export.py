@@ -20,13 +20,13 @@ from tests.onnx_helpers import (
     trained_int8_export_dir,
     trained_model_dir,
 )
-from vanilla_transformer.export.onnx_export import export_model
-from vanilla_transformer.export.onnx_helper_graphs import (
+from vanilla_transformer.export.onnx.export import export_model
+from vanilla_transformer.export.onnx.helper_graphs import (
     beam_scores_block_size,
     beam_scores_model,
     write_beam_scores_graph,
 )
-from vanilla_transformer.export.onnx_validation import FP32_TOLERANCE, GridCase, validate_export, validation_grid
+from vanilla_transformer.export.onnx.validation import FP32_TOLERANCE, GridCase, validate_export, validation_grid
 from vanilla_transformer_ort.contract import (
     BEAM_SCORES_FILE,
     DECODER_FILE,
@@ -34,6 +34,7 @@ from vanilla_transformer_ort.contract import (
     INPLACE_DECODER_FILE,
     MANIFEST_FILE,
     REORDER_FILE,
+    SHARED_EMBEDDING_FILE,
     SHARED_WEIGHTS_KEY,
     decoder_input_names,
     decoder_output_names,
@@ -315,11 +316,40 @@ def test_fp32_folder_stores_the_shared_embedding_once(export_dir):
         inline = [t.name for t in graph.initializer if t.HasField("raw_data") and len(t.raw_data) >= 1024]
         assert inline == [], (graph_file, inline)
         side_file = export_dir / external_data_file(graph_file)
-        assert side_file.stat().st_mode == (export_dir / graph_file).stat().st_mode  # as readable as the graph
+        if side_file.exists():  # the in-place decoder reads the plain decoder's side file and has none of its own
+            assert side_file.stat().st_mode == (export_dir / graph_file).stat().st_mode  # as readable as the graph
         if graph_file == INPLACE_DECODER_FILE:
             assert [t.name for t in tables] == names  # one table: the lookup's, also the projection's
             consumers = sorted(n.op_type for n in graph.node if names[0] in n.input)
             assert consumers == ["FusedMatMul", "Gather"]
+
+
+def test_fp32_folder_stores_each_weight_once(export_dir):
+    """The plain and the in-place decoder graphs hold the same decoder: every weight's bytes are stored in one place
+    of the folder's external data, the in-place graph's packed Q, K, V projection is a Concat of the stored three,
+    and the in-place graph writes no side file of its own."""
+    places: dict[tuple, set] = {}
+    for graph_file in (ENCODER_FILE, DECODER_FILE, INPLACE_DECODER_FILE):
+        graph = onnx.load(str(export_dir / graph_file), load_external_data=False).graph
+        for tensor in graph.initializer:
+            where = {e.key: e.value for e in tensor.external_data}
+            if not where:
+                continue
+            offset, length = int(where.get("offset", 0)), int(where["length"])
+            data = np.fromfile(export_dir / where["location"], dtype=np.uint8, count=length, offset=offset)
+            places.setdefault((tensor.data_type, tuple(tensor.dims), data.tobytes()), set()).add(
+                (where["location"], offset)
+            )
+    assert places and all(len(where) == 1 for where in places.values())
+    assert not (export_dir / external_data_file(INPLACE_DECODER_FILE)).exists()
+    inplace = onnx.load(str(export_dir / INPLACE_DECODER_FILE), load_external_data=False).graph
+    stored = {
+        t.name: {e.key: e.value for e in t.external_data}["location"] for t in inplace.initializer if t.external_data
+    }
+    assert set(stored.values()) == {external_data_file(DECODER_FILE), SHARED_EMBEDDING_FILE}
+    packed = [node for node in inplace.node if node.op_type == "Concat" and node.name.endswith(".concat")]
+    assert len(packed) == CONFIG["decoder_layers"]  # one packed Q, K, V projection per decoder layer
+    assert all(len(node.input) == 3 and set(node.input) <= set(stored) for node in packed)
 
 
 def _variant(tmp_path: Path, dtype: str, quantize: str | None, activations: str = "row") -> Path:
@@ -417,7 +447,7 @@ def test_int8_activations_per_row_do_not_depend_on_the_batch(export_dir, tmp_pat
 
 
 def _row_quantized_linear(x: np.ndarray, weight: np.ndarray, weight_scale, weight_zero_point, bias, levels: int):
-    """The per-row int8 product as documented (export/README.md, "int8 and fp16"), in numpy: scale max|x_row| / 127
+    """The per-row int8 product as documented (docs/onnx.md, "int8 and fp16"), in numpy: scale max|x_row| / 127
     and zero point 128 (levels=127), or max(x_row) / 255 and zero point 0 for a ReLU's output (levels=255)."""
     scale = np.maximum(np.abs(x).max(axis=-1, keepdims=True) / np.float32(levels), np.finfo(np.float32).tiny)
     q = np.clip(np.rint(x / scale), -127 if levels == 127 else 0, levels).astype(np.int64)  # rint: half to even
@@ -432,7 +462,7 @@ def test_int8_rows_follow_the_documented_arithmetic(tmp_path):
     scales) and a row of zeros; and each row's result is the same alone."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from vanilla_transformer.export.onnx_variants import quantize_activations_per_row, quantize_int8
+    from vanilla_transformer.export.onnx.variants import quantize_activations_per_row, quantize_int8
 
     rng = np.random.default_rng(0)
     d_in, d_ff = 24, 40
@@ -489,7 +519,7 @@ def test_int8_rows_of_different_shapes_are_refused(tmp_path):
     """The per-row zero points are shared by a graph's quantized products: rows of two shapes cannot share them."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from vanilla_transformer.export.onnx_variants import quantize_activations_per_row, quantize_int8
+    from vanilla_transformer.export.onnx.variants import quantize_activations_per_row, quantize_int8
 
     weight = np.random.default_rng(0).standard_normal((8, 6)).astype(np.float32)
     graph = helper.make_graph(
@@ -514,7 +544,7 @@ def test_untie_output_projection_replaces_the_transposed_table(tmp_path):
     MatMul a pre-transposed copy and drop the Transpose, with unchanged outputs."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from vanilla_transformer.export.onnx_variants import untie_output_projection
+    from vanilla_transformer.export.onnx.variants import untie_output_projection
 
     table = np.random.default_rng(0).standard_normal((11, 6)).astype(np.float32)  # (vocab, d_model)
     nodes = [
@@ -581,8 +611,8 @@ def test_cli_int8_export_end_to_end(tmp_path):
 def test_folder_assembly_does_not_import_validation():
     """Validation is a separate last step: the assembly module never imports it (no import circle)."""
     code = (
-        "import sys, vanilla_transformer.export.onnx_export\n"
-        "assert 'vanilla_transformer.export.onnx_validation' not in sys.modules, sorted(sys.modules)\n"
+        "import sys, vanilla_transformer.export.onnx.export\n"
+        "assert 'vanilla_transformer.export.onnx.validation' not in sys.modules, sorted(sys.modules)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]

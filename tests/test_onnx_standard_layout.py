@@ -15,9 +15,9 @@ import torch
 from tests.onnx_helpers import CONFIG, SENTENCES, build_tokenizer, load_trained_model, trained_model_dir
 from tests.standard_layout_helpers import STALE_FILE, standard_export_dir
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.export import onnx_merged_decoder
 from vanilla_transformer.export.cli import export_onnx_main
-from vanilla_transformer.export.onnx_standard_layout import check_exportable, standard_layout_files
+from vanilla_transformer.export.onnx import merged_decoder as onnx_merged_decoder
+from vanilla_transformer.export.onnx.standard_layout import check_exportable, standard_layout_files
 from vanilla_transformer_ort.layouts import CTRANSLATE2, OPTIMUM, PYTORCH, UNKNOWN, VANILLA, detect_layout
 
 LAYERS, HEADS, D_MODEL, VOCAB = CONFIG["decoder_layers"], CONFIG["decoder_attention_heads"], CONFIG["d_model"], 37

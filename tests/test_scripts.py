@@ -57,7 +57,7 @@ def test_console_script_returns_an_exit_status(tmp_path, capsys):
     # The console-script wrapper passes the return value to sys.exit: an int status, never the command's result.
     push = console_script("vt-push-to-hub")
     assert push(["--model", str(tmp_path / "none"), "--repo_id", "u/m", "--dry_run", str(tmp_path / "out")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert "none: no such folder" in capsys.readouterr().err
 
 
 def test_end_to_end(tmp_path, toy_data_dir, capsys, monkeypatch):

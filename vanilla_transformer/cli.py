@@ -32,7 +32,7 @@ def train_command(argv: list[str] | None = None) -> dict[str, Any]:
     """Train a vanilla Transformer for translation with the paper's recipe (§5) on Seq2SeqTrainer.
 
     Runs unchanged on one CPU/GPU or under `accelerate launch scripts/train.py` (DDP, FSDP, DeepSpeed; see
-    docs/TRAINING.md). Arguments: model (--preset, --config_overrides, --model_name_or_path or --model), data
+    docs/training.md). Arguments: model (--preset, --config_overrides, --model_name_or_path or --model), data
     (--train_file, --dataset_name, ...; the default is the gettext corpus of this machine), the recipe
     (--paper_recipe, --lr_schedule, --max_tokens, --length_penalty) and every `Seq2SeqTrainingArguments` flag
     (--output_dir or --output, ...). A single JSON file with all of them also works. `--debug` is transformers' own
@@ -107,7 +107,7 @@ def train_tokenizer_command(argv: list[str] | None = None) -> Path:
         "--add_prefix_space",
         action="store_true",
         help="Encode each text as if it began with a space, so first words share the tokens of words inside a "
-        "sentence (docs/TRAINING.md, 'Tokenizer').",
+        "sentence (docs/training.md, 'Tokenizer').",
     )
     args = parser.parse_args(argv)
 

@@ -1,5 +1,5 @@
-"""Export: ONNX graphs, their fp16/int8 variants and helper graphs, folder assembly, validation (a separate last step),
-and the CTranslate2 converter. The file names and graph I/O come from `vanilla_transformer_ort.contract`."""
+"""Export: `onnx/` (the ONNX exporter, both layouts), `ctranslate2_export` (CTranslate2's own converter API),
+`output_folder` (the staged output folder every exporter writes), and `cli` (vt-export-onnx, vt-export-ctranslate2)."""
 
 # CTranslate2's weight types that `vt-export-ctranslate2 --quantization` offers; here rather than in
 # ctranslate2_export.py, which needs the ctranslate2 package, so that `--help` lists them without it.

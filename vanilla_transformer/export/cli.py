@@ -23,7 +23,7 @@ from .. import __version__
 from ..progress import without_weight_progress_bars
 
 EXPORT_ONNX_DOC = """Export a trained model folder to ONNX. --layout vanilla (the default): this package's runtime
-layout (encoder, one-step decoder and helper graphs; export/README.md). --layout optimum: the standard layout that
+layout (encoder, one-step decoder and helper graphs; docs/onnx.md). --layout optimum: the standard layout that
 Optimum's ORTModelForSeq2SeqLM and transformers.js read (onnx/encoder_model.onnx, onnx/decoder_model_merged.onnx and a
 MarianMT-shaped config; docs/onnx-standard-layout.md)."""
 EXPORT_ONNX_EXAMPLE = """vt-export-onnx --model runs/base --output onnx/base --validate
@@ -34,7 +34,7 @@ vt-export-onnx --model runs/base --output hub/base --layout optimum --quantize i
 VANILLA_ONLY_OPTIONS = ("dtype", "decoder_cache", "int8_activations", "validate", "tolerance")
 
 EXPORT_CTRANSLATE2_DOC = """Export a trained model folder to a CTranslate2 model folder, with CTranslate2's own
-converter API. Options, the length limit and measured speed are in export/README.md ("CTranslate2")."""
+converter API. Options and the length limit are in docs/ctranslate2.md."""
 EXPORT_CTRANSLATE2_EXAMPLE = """vt-export-ctranslate2 --model runs/base --output ct2/base
 vt-export-ctranslate2 --model runs/base --output ct2/base-int8 --quantization int8"""
 
@@ -76,9 +76,9 @@ def export_onnx_command(argv: list[str] | None = None) -> dict[str, Any] | Path:
     (with `--layout optimum`: `export_standard_layout`, returns the folder). A non-empty `--output` is refused in
     both layouts unless `--overwrite`. Errors raise (`export_onnx_main` turns user errors into one line and exit
     status 2)."""
-    from .onnx_export import export_model
-    from .onnx_graphs import DEFAULT_OPSET
-    from .onnx_validation import FP32_TOLERANCE, validate_folder
+    from .onnx.export import export_model
+    from .onnx.graphs import DEFAULT_OPSET
+    from .onnx.validation import FP32_TOLERANCE, validate_folder
     from .output_folder import check_output_dir
 
     parser = export_parser("vt-export-onnx", EXPORT_ONNX_DOC, EXPORT_ONNX_EXAMPLE, "export folder to write")
@@ -143,7 +143,7 @@ def export_onnx_command(argv: list[str] | None = None) -> dict[str, Any] | Path:
 
 def _export_standard_layout(args: argparse.Namespace) -> Path:
     """`vt-export-onnx --layout optimum`: `export_standard_layout`; prints the files written and returns the folder."""
-    from .onnx_standard_layout import export_standard_layout
+    from .onnx.standard_layout import export_standard_layout
 
     given = [f"--{name}" for name in VANILLA_ONLY_OPTIONS if getattr(args, name) not in (None, False)]
     if given:

@@ -14,10 +14,10 @@ from typing import Any
 
 from transformers.utils import logging
 
+from ..cli_parsers import check_model_folder
 from ..model.configuration_vanilla_transformer import PRESETS
 from ..model.modeling_vanilla_transformer import AUTO_MAP
 from ..model.pipeline_vanilla_transformer import CUSTOM_PIPELINES
-from ..training.tokenization import SAVED_TOKENIZER_FILES
 
 logger = logging.get_logger(__name__)
 
@@ -44,7 +44,6 @@ def remote_code_files(model_dir: Path = MODEL_DIR) -> tuple[str, ...]:
 
 
 CODE_FILES = remote_code_files()
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 # Files of a training output folder that do not belong on the Hub.
 SKIPPED = re.compile(r"^(checkpoint-\d+|runs|optimizer\.pt|scheduler\.pt|rng_state.*\.pth|training_args\.bin)$")
 METRIC_FILES = ("all_results.json", "test_results.json", "predict_results.json", "eval_results.json")
@@ -56,27 +55,6 @@ MODEL_CARD_TEMPLATES = {
     "vanilla_transformer": Path(__file__).with_name("model_card.md"),
     "marian": Path(__file__).with_name("model_card_marian.md"),
 }
-
-
-def check_model_folder(model_dir: str | Path) -> Path:
-    """The folder must hold a saved model of this package and its tokenizer; the error lists what is missing."""
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"model folder {model_dir} does not exist; pass the --output_dir of vt-train")
-    missing = [name for name in ("config.json", "generation_config.json") if not (model_dir / name).exists()]
-    if not any((model_dir / name).exists() for name in WEIGHT_FILES):
-        missing.append("model.safetensors")
-    missing += [name for name in SAVED_TOKENIZER_FILES if not (model_dir / name).exists()]
-    if missing:
-        raise FileNotFoundError(
-            f"Model folder {str(model_dir)!r} lacks {', '.join(missing)}. Save the model with "
-            "`model.save_pretrained(dir)` and the tokenizer with `tokenizer.save_pretrained(dir)` "
-            "(scripts/train.py does both)."
-        )
-    model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
-    if model_type != "vanilla_transformer":
-        raise ValueError(f"{str(model_dir)!r} holds a {model_type!r} model, not a vanilla_transformer one.")
-    return model_dir
 
 
 def check_repo_id(repo_id: str) -> str:
@@ -288,7 +266,7 @@ def prepare_hub_folder(
     """
     if hub_format not in HUB_FORMATS:
         raise ValueError(f"Unknown hub format {hub_format!r}; choose one of {', '.join(HUB_FORMATS)}.")
-    model_dir = check_model_folder(model_dir)
+    model_dir = check_model_folder(model_dir, complete=True)
     check_repo_id(repo_id)
     template_path = Path(template_path)
     if not template_path.exists():

@@ -77,7 +77,7 @@ class VanillaTransformerConfig(PreTrainedConfig):
     - `init_std`: standard deviation of the N(0, init_std²) initialisation of every projection and embedding (0.02,
       as in transformers' Marian/BART; the paper does not state its initialisation). None selects fairseq's scheme,
       Xavier-uniform projections and N(0, d_model^-1) embeddings, which trains worse with a tied output projection
-      under short warmups (docs/TRAINING.md).
+      under short warmups (docs/training.md).
     - `pad_token_id`, `bos_token_id`, `eos_token_id`, `decoder_start_token_id`: special token ids shared with the
       tokenizer (`<pad>`=0, `<s>`=1, `</s>`=2 by default; the decoder starts from `<s>`).
     - `use_cache`: keep the decoder's keys/values between generation steps.

@@ -265,7 +265,7 @@ def relu_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     In eager CPU training the two run as one autograd node (`_ReLUDropout`) with `keep_mask`'s masks: in a `small`
     bf16 step the ReLU's dropout took +1.6 % against +5.6 % with a bool mask after a separate ReLU (`python -m
     benchmarks.dropout_speed --rounds 30`), and about 4 % interleaved over varied batch shapes: the random draw
-    itself, torch's serial CPU generator (docs/TRAINING.md, "Where the ReLU dropout's step cost lies"). Elsewhere it
+    itself, torch's serial CPU generator (docs/training.md, "Where the ReLU dropout's step cost lies"). Elsewhere it
     is `dropout(relu(x))` as written.
     """
     if not training or p == 0.0:

@@ -70,7 +70,7 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
 
         Deviation from fairseq's scheme (kept as the opt-in `init_std=None`): with the shared embedding also serving as
         the output projection, its d_model^-0.5 scale gives large initial logits and trains markedly worse under short
-        warmups and gradient clipping (docs/TRAINING.md, "Initialisation"); N(0, 0.02) trains well under both the
+        warmups and gradient clipping (docs/training.md, "Initialisation"); N(0, 0.02) trains well under both the
         paper's recipe and common fine-tuning recipes.
         """
         std = self.config.init_std

@@ -2,7 +2,7 @@
 
 The main job uses it to train on every core (`--num_processes 2`): each process gets one thread and half of each
 batch. On 2 cores that made 1.03x the tokens per second of one 2-thread process over a whole 20-minute job
-(TRAINING.md, "Two processes instead of one"). The launch is torch's own elastic agent (what `torchrun --standalone`
+(training.md, "Two processes instead of one"). The launch is torch's own elastic agent (what `torchrun --standalone`
 runs), so the Trainer inside each process finds the usual RANK / WORLD_SIZE / MASTER_ADDR variables and sets up
 DDP itself.
 """

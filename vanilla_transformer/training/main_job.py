@@ -333,7 +333,7 @@ def _onnx_step(model_dir: Path, onnx_dir: Path, sentences: list[str]) -> list[st
     try:
         from vanilla_transformer_ort import OrtTranslator
 
-        from ..export.onnx_export import export_model
+        from ..export.onnx.export import export_model
     except ImportError as error:
         logger.warning(f"Skipping the ONNX step ({error}); install it with: pip install -e '.[onnx]'")
         return None

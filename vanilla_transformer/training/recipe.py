@@ -64,7 +64,7 @@ class RecipeArguments:
         metadata={
             "help": "With the noam schedule: let the learning rate fall linearly to 0 over this fraction of the "
             "training steps at the end (--max_steps, or the steps the time budget allows, estimated as training "
-            "runs). 0: off, as in the paper (TRAINING.md has its A/B)."
+            "runs). 0: off, as in the paper (training.md has its A/B)."
         },
     )
     average_checkpoints: int = field(
@@ -114,7 +114,7 @@ class NoamSchedule:
     Deviation from paper: the cooldown (off in vt-train) is not in the paper, whose runs end on Eq. (3)'s 1/√step
     and average checkpoints instead (§6.1). It is for runs with a fixed budget of steps or time: the main job cools
     down over its last 20 % and keeps the final weights, which scored above its averaged plain-schedule weights on
-    its test split and out of domain, two seeds each (TRAINING.md, "Out of domain").
+    its test split and out of domain, two seeds each (training.md, "Out of domain").
 
     A callable object rather than a closure, so that LambdaLR saves its state with each checkpoint. Under a time
     budget the total is not known in advance: `set_total_steps` moves it (and the cooldown with it) until the
@@ -215,7 +215,7 @@ def apply_paper_recipe(
 
 def cpu_has_fast_bf16() -> bool:
     """Does this CPU multiply bf16 natively (AVX512-BF16 or AMX)? There bf16 autocast trains 1.2-1.6x faster than
-    fp32 (TRAINING.md, "Mixed precision on the CPU"); elsewhere bf16 is emulated and slower than fp32."""
+    fp32 (training.md, "Mixed precision on the CPU"); elsewhere bf16 is emulated and slower than fp32."""
     cpu = getattr(torch, "cpu", None)
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)

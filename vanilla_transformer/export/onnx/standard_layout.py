@@ -6,7 +6,7 @@
     OUT/onnx/encoder_model.onnx, onnx/decoder_model_merged.onnx
     OUT/onnx/encoder_model_quantized.onnx, onnx/decoder_model_merged_quantized.onnx  (with quantize="int8")
 
-Graphs and names: `onnx_merged_decoder`; what each consumer reads and when to use which layout:
+Graphs and names: `merged_decoder`; what each consumer reads and when to use which layout:
 docs/onnx-standard-layout.md. Weights stay inside each .onnx file (no external data), so a file holds at most 2 GB.
 """
 
@@ -29,8 +29,8 @@ from vanilla_transformer_ort.layouts import (
     check_layout,
 )
 
-from .onnx_graphs import DEFAULT_OPSET
-from .output_folder import check_output_dir, staged_output
+from ..output_folder import check_output_dir, staged_output
+from .graphs import DEFAULT_OPSET
 
 QUANTIZED_SUFFIX = "_quantized"  # transformers.js's name for a dynamic int8 graph: encoder_model_quantized.onnx
 QUANTIZATIONS = ("int8",)
@@ -98,8 +98,8 @@ def find_tokenizer(model_dir: Path, tokenizer_dir: Path | None) -> Path:
 def check_marian_compatible(model_dir: Path) -> None:
     """Raise ValueError, before any weight is loaded, for a model that MarianMT's config.json cannot describe
     (pre-LN, an activation or LayerNorm ε Marian lacks, another model type): the standard layout ships that config."""
-    from ..marian.exporter import marian_config_from
-    from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
+    from ...marian.exporter import marian_config_from
+    from ...model.configuration_vanilla_transformer import VanillaTransformerConfig
 
     model_type = json.loads((model_dir / CONFIG_FILE).read_text(encoding="utf-8")).get("model_type")
     if model_type != VanillaTransformerConfig.model_type:
@@ -114,9 +114,9 @@ def check_marian_compatible(model_dir: Path) -> None:
 def quantize_graph(path: Path, output: Path, is_decoder: bool) -> None:
     """Dynamic int8 (onnxruntime.quantization.quantize_dynamic, QInt8 weights, activations quantized per call) of
     one graph into `output`. The decoder's output projection first gets a pre-transposed weight of its own, or int8
-    would dequantize the whole tied table on every step (ONNX-FACTS.md §3). The cross K/V projections inside the
+    would dequantize the whole tied table on every step. The cross K/V projections inside the
     If's else branch (run once per sentence) stay fp32."""
-    from .onnx_variants import quantize_int8, untie_output_projection
+    from .variants import quantize_int8, untie_output_projection
 
     shutil.copy2(path, output)
     if is_decoder:
@@ -161,9 +161,9 @@ def export_standard_layout(
     tokenizer_dir = find_tokenizer(model_dir, Path(tokenizer_dir) if tokenizer_dir else None)
     check_marian_compatible(model_dir)
 
-    from ..inference import load_model_folder
-    from ..marian.exporter import save_marian
-    from .onnx_merged_decoder import build_merged_decoder, export_encoder
+    from ...inference import load_model_folder
+    from ...marian.exporter import save_marian
+    from .merged_decoder import build_merged_decoder, export_encoder
 
     model = load_model_folder(model_dir, dtype=torch.float32).eval()
     check_exportable(model)
@@ -174,7 +174,7 @@ def export_standard_layout(
         graphs = stage / STANDARD_SUBFOLDER
         graphs.mkdir()
         attn_implementation = model.config._attn_implementation
-        model.set_attn_implementation("eager")  # fuses into onnxruntime's FusedMatMul (see onnx_graphs)
+        model.set_attn_implementation("eager")  # fuses into onnxruntime's FusedMatMul (see graphs.py)
         try:
             export_encoder(model, graphs / STANDARD_ENCODER_FILE, opset)
             _save(build_merged_decoder(model, stage.parent, opset), graphs / STANDARD_DECODER_FILE)

@@ -1,7 +1,7 @@
 """The standard layout's graphs: `encoder_model.onnx` (ids in, hidden states out) and `decoder_model_merged.onnx`,
 the decoder Optimum and transformers.js run at every step, with its `use_cache_branch` input.
 
-The merged decoder is this package's one-step decoder (`onnx_graphs.DecoderStep`, which takes any past length and the
+The merged decoder is this package's one-step decoder (`graphs.DecoderStep`, which takes any past length and the
 cross-attention K/V as inputs) behind one small `If` node on `use_cache_branch`:
 
 - then (later steps): the `past_key_values.*` inputs, unchanged;
@@ -23,9 +23,9 @@ from torch import nn
 
 from vanilla_transformer_ort.contract import LAST_HIDDEN_STATE, cache_names, is_self_attention
 
-from .onnx_graphs import TRACE_BATCH, TRACE_PAST_LEN, TRACE_SOURCE_LEN, TRACE_TARGET_LEN, DecoderStep
+from .graphs import TRACE_BATCH, TRACE_PAST_LEN, TRACE_SOURCE_LEN, TRACE_TARGET_LEN, DecoderStep
 
-# Graph I/O names and symbolic dims, as Optimum writes them (ONNX-FACTS.md §1).
+# Graph I/O names and symbolic dims, as Optimum writes them (docs/onnx-standard-layout.md).
 INPUT_IDS, ATTENTION_MASK = "input_ids", "attention_mask"
 ENCODER_ATTENTION_MASK, ENCODER_HIDDEN_STATES = "encoder_attention_mask", "encoder_hidden_states"
 USE_CACHE_BRANCH, LOGITS = "use_cache_branch", "logits"

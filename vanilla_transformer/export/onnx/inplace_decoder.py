@@ -1,6 +1,6 @@
 """The in-place decoder graph (`decoder_model_inplace.onnx`): one decoding step that never copies its cache.
 
-The traced decoder (`onnx_graphs.DecoderStep`) concatenates the past with the new keys and values into fresh
+The traced decoder (`graphs.DecoderStep`) concatenates the past with the new keys and values into fresh
 `present.*` outputs, so every step copies the whole self-attention cache, and the cross-attention keys and values
 are repeated for every beam. This graph does what onnxruntime's own generative decoders do instead:
 

@@ -2,7 +2,7 @@
 
 The graphs take and return flat tensors only (cache objects cannot be graph inputs); the wrappers rebuild the
 `EncoderDecoderCache` inside `forward`, so no export hook leaks into the model layers. Graph names and I/O come from
-`vanilla_transformer_ort.contract`; export/README.md shows their shapes.
+`vanilla_transformer_ort.contract`; docs/onnx.md shows their shapes.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from vanilla_transformer_ort.contract import (
 
 DEFAULT_OPSET = 20
 # Sample sizes for tracing: all >= 2 and pairwise different, so torch.export specialises no dynamic dimension
-# (a 0 or 1 would be frozen into the graph, ONNX-FACTS.md).
+# (torch.export treats a size of 0 or 1 as a constant and would freeze it into the graph).
 TRACE_BATCH, TRACE_SOURCE_LEN, TRACE_TARGET_LEN, TRACE_PAST_LEN = 2, 7, 3, 5
 
 

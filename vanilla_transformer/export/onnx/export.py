@@ -1,6 +1,6 @@
 """The export folder: graphs, helper graphs, tokenizer, configs and a manifest, written by `export_model`.
 
-Validation against PyTorch is a separate step (`onnx_validation.validate_folder`) that callers run after
+Validation against PyTorch is a separate step (`validation.validate_folder`) that callers run after
 `export_model`; this module does not import it.
 """
 
@@ -27,12 +27,12 @@ from vanilla_transformer_ort.contract import (
     external_data_file,
 )
 
-from ..cli_parsers import check_model_folder
-from .onnx_graphs import DEFAULT_OPSET, export_graphs
-from .onnx_helper_graphs import write_beam_scores_graph, write_cache_reorder_graph
-from .onnx_inplace_decoder import export_inplace_decoder
-from .onnx_variants import optimize_variant
-from .onnx_weights import store_weights_externally
+from ...cli_parsers import check_model_folder
+from .graphs import DEFAULT_OPSET, export_graphs
+from .helper_graphs import write_beam_scores_graph, write_cache_reorder_graph
+from .inplace_decoder import export_inplace_decoder
+from .variants import optimize_variant
+from .weights import store_weights_externally
 
 
 def _graph_io(path: Path) -> dict:
@@ -79,7 +79,7 @@ def export_model(
 ) -> dict:
     """Export a saved model folder into a self-contained ONNX folder; returns the manifest written with it.
 
-    To compare the folder with PyTorch, run `onnx_validation.validate_folder(model_dir, output_dir)` afterwards.
+    To compare the folder with PyTorch, run `validation.validate_folder(model_dir, output_dir)` afterwards.
 
     Args:
         model_dir: a `save_pretrained` folder of `VanillaTransformerForConditionalGeneration`.
@@ -112,7 +112,7 @@ def export_model(
     output_dir.mkdir(parents=True, exist_ok=True)
     copy_tokenizer(Path(tokenizer_dir) if tokenizer_dir else model_dir, output_dir)
 
-    from ..inference import load_model_folder
+    from ...inference import load_model_folder
 
     model = load_model_folder(model_dir, dtype=torch.float32).eval()
     export_graphs(model, output_dir, opset=opset)

@@ -1,5 +1,5 @@
 """Validation of an ONNX export against PyTorch on a grid of shapes (batch, lengths, past, padding): the last step
-after `onnx_export.export_model`, which never calls it.
+after `export.export_model`, which never calls it.
 
 The oracle is the model's own encoder and cached decoder; the checked path is the deployed one: the encoder graph,
 then the decoder graph fed the oracle's past. fp16 and int8 graphs run through the same code (fp16 I/O handled).
@@ -37,8 +37,8 @@ from vanilla_transformer_ort.contract import (
 )
 from vanilla_transformer_ort.sessions import create_session, session_options
 
-from .onnx_graphs import export_graphs
-from .onnx_inplace_decoder import export_inplace_decoder
+from .graphs import export_graphs
+from .inplace_decoder import export_inplace_decoder
 
 FP32_TOLERANCE = 1e-4
 
@@ -240,7 +240,7 @@ def validate_folder(
     are reported, not bounded. Returns the manifest with `validation` (max abs differences per variant) and
     `validation_cases` (per grid case) added.
     """
-    from ..inference import load_model_folder
+    from ...inference import load_model_folder
 
     output_dir = Path(output_dir)
     manifest = json.loads((output_dir / MANIFEST_FILE).read_text())
