@@ -280,6 +280,7 @@ def test_missing_onnxruntime_names_the_extra(tmp_path):
     for name in ("encoder_model.onnx", "decoder_model.onnx"):
         (folder / name).write_bytes(b"")
     (folder / "config.json").write_text('{"decoder_start_token_id": 0}')
+    (folder / "manifest.json").write_text('{"format": "vanilla-transformer-onnx", "format_version": 2}')
     Tokenizer(models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>")).save(str(folder / "tokenizer.json"))
     code = (
         "import sys; sys.modules['onnxruntime'] = None\n"

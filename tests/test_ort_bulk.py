@@ -10,7 +10,8 @@ import pytest
 
 from tests.onnx_helpers import WORDS, trained_export_dir
 from vanilla_transformer_ort import OrtTranslator
-from vanilla_transformer_ort.bulk import Progress, chunked, count_lines, length_batches, read_lines, translate_lines
+from vanilla_transformer_ort.batches import length_batches
+from vanilla_transformer_ort.bulk import Progress, chunked, count_lines, read_lines, translate_lines
 from vanilla_transformer_ort.cli import main
 
 

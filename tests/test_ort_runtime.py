@@ -170,8 +170,8 @@ def test_beam4_with_the_two_stage_ranking_is_token_identical(batch, tmp_path):
     row (`write_beam_scores_graph(block_size=10)`), decodes as `generate()` does with either decoder."""
     import onnx
 
-    from vanilla_transformer.export.onnx_export import export_model
-    from vanilla_transformer.export.onnx_helper_graphs import write_beam_scores_graph
+    from vanilla_transformer.export.onnx.export import export_model
+    from vanilla_transformer.export.onnx.helper_graphs import write_beam_scores_graph
 
     model = train_copy_model(vocab_size=40)
     model.save_pretrained(tmp_path / "model")

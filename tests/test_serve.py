@@ -670,7 +670,7 @@ def test_openapi_fuzzing_finds_no_server_error_and_no_schema_violation():
 def test_pair_from_the_manifest_and_from_training_info(tmp_path):
     import shutil
 
-    from vanilla_transformer.export.onnx_export import _languages
+    from vanilla_transformer.export.onnx.export import _languages
     from vanilla_transformer_ort.serve.models import parse_model_spec
 
     folder = tmp_path / "onnx"

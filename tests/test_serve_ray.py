@@ -67,7 +67,7 @@ def test_two_replicas_serve_the_api(local_ray, oracle):
 
 
 def test_ray_data_translates_a_file_in_order(local_ray, oracle, tmp_path):
-    from vanilla_transformer_ort.serve.ray_serve import translate_file_with_ray
+    from vanilla_transformer_ort.bulk_ray import translate_file_with_ray
 
     lines = [*SENTENCES, "", "a b", *SENTENCES[::-1]] * 3
     source = tmp_path / "in.txt"

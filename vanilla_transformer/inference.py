@@ -11,6 +11,8 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging
 
+from vanilla_transformer_ort.batches import translate_by_length
+
 from .training.metrics import corpus_scores
 
 logger = logging.get_logger(__name__)
@@ -34,7 +36,7 @@ def load_model_folder(path: str | os.PathLike, **kwargs) -> PreTrainedModel:
 
 
 def load_translation_model(path: str | os.PathLike, device: str | None = None) -> tuple[PreTrainedModel, object]:
-    """Model and tokenizer from a folder written by scripts/train.py (or scripts/average_checkpoints.py)."""
+    """Model and tokenizer from a folder written by scripts/train.py (or vt-average-checkpoints)."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"Model folder not found: {path}. Pass the --output_dir of a training run.")
     model = load_model_folder(path)
@@ -54,7 +56,8 @@ def translate(
     max_length: int | None = None,
     show_progress: bool = True,
 ) -> list[str]:
-    """Translate `sentences` in batches (sorted by length to limit padding; returned in the input order).
+    """Translate `sentences` in batches (sorted by length to limit padding; returned in the input order); a blank
+    sentence gives "" without reaching the model.
 
     Beam size, length penalty and maximum length default to the model's `generation_config`.
     """
@@ -62,18 +65,18 @@ def translate(
         raise ValueError(f"batch_size must be >= 1 (got {batch_size}).")
     model.eval()
     device = next(model.parameters()).device
-    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
     kwargs = {"num_beams": num_beams, "length_penalty": length_penalty, "max_length": max_length}
     kwargs = {name: value for name, value in kwargs.items() if value is not None}
-    results: list[str] = [""] * len(sentences)
-    starts = range(0, len(order), batch_size)
-    for start in tqdm(starts, desc="Translating", unit="batch", disable=not show_progress or len(starts) < 2):
-        indices = order[start : start + batch_size]
-        encoded = tokenizer([sentences[i] for i in indices], return_tensors="pt", padding=True).to(device)
+
+    def translate_batch(batch: list[str]) -> list[str]:
+        encoded = tokenizer(batch, return_tensors="pt", padding=True).to(device)
         generated = model.generate(**encoded, **kwargs)
-        for index, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
-            results[index] = text.strip()
-    return results
+        return [text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True)]
+
+    def progress(batches: list[list[int]]):
+        return tqdm(batches, desc="Translating", unit="batch", disable=not show_progress or len(batches) < 2)
+
+    return translate_by_length(translate_batch, list(sentences), batch_size, progress)
 
 
 def load_batch_translator(

@@ -2,24 +2,25 @@
 batches (less padding), translated by one or several onnxruntime processes, and written back in input order.
 
 A blank input line (empty or only spaces) gives an empty output line without reaching the model, so line N of the
-output is always the translation of line N of the input. The `vt-translate-onnx` command (`cli.py`) runs on this.
+output is always the translation of line N of the input (`batches.py`). The `vt-translate-onnx` command (`cli.py`)
+runs on this; `bulk_ray.py` does the same on a Ray cluster.
 """
 
 from __future__ import annotations
 
 import collections
 import io
-import multiprocessing
 import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
-from pathlib import Path
+from concurrent.futures import Future
 from typing import IO, Any
 
-from .contract import CONFIG_FILE, DECODER_FILE, ENCODER_FILE, EXPORT_AGAIN
-from .translator import OrtTranslator, load_tokenizer, settings_from_folder
+from .batches import translate_by_length
+from .folder import ExportFolder
+from .translator import OrtTranslator
+from .worker_pool import start_translator_pool, worker_translator
 
 DEFAULT_CHUNK_SIZE = 1000  # lines read, sorted and translated together; a chunk goes to one worker
 
@@ -69,61 +70,20 @@ def chunked(lines: Iterable[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
-def length_batches(lines: list[str], batch_size: int) -> list[list[int]]:
-    """Indices of the non-blank `lines`, sorted by length (characters, a stand-in for tokens) and cut into batches
-    of at most `batch_size`: sentences of like length share a batch, so little of it is padding."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    order = sorted((index for index, line in enumerate(lines) if line.strip()), key=lambda index: len(lines[index]))
-    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-
-
 def translate_chunk(
     translator: OrtTranslator, lines: list[str], batch_size: int, options: dict[str, Any] | None = None
 ) -> list[str]:
     """Translations of `lines`, in their order: blank lines give "", the others go through the model in length-sorted
     batches. A line break inside a translation becomes a space, so the output keeps one line per input line."""
-    translations = [""] * len(lines)
-    for batch in length_batches(lines, batch_size):
-        outputs = translator.translate([lines[index] for index in batch], **(options or {}))
-        for index, text in zip(batch, outputs, strict=True):
-            translations[index] = text.replace("\r", " ").replace("\n", " ")
-    return translations
-
-
-def check_export_folder(folder: str | os.PathLike) -> None:
-    """The checks `OrtTranslator` starts with (folder, graph and config files, tokenizer, generation settings),
-    without loading any graph: worker processes then fail on nothing the parent could have reported."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ValueError(f"export folder {folder} does not exist; pass a folder vt-export-onnx wrote")
-    for name in (ENCODER_FILE, DECODER_FILE, CONFIG_FILE):
-        if not (folder / name).is_file():
-            raise ValueError(f"export folder {folder} has no {name}; {EXPORT_AGAIN}")
-    load_tokenizer(folder)
-    settings_from_folder(folder)
+    translations = translate_by_length(lambda batch: translator.translate(batch, **(options or {})), lines, batch_size)
+    return [text.replace("\r", " ").replace("\n", " ") for text in translations]
 
 
 # -- worker processes -------------------------------------------------------------------------------------------
 
-_worker_translator: OrtTranslator | None = None
-_worker_error: Exception | None = None
-
-
-def _start_worker(folder: str, provider: str, threads: int) -> None:
-    """Process-pool initializer: one `OrtTranslator` per process. An error is kept and raised by the first task, so
-    the parent sees the exception itself rather than a broken pool."""
-    global _worker_translator, _worker_error
-    try:
-        _worker_translator = OrtTranslator(folder, provider=provider, intra_op_num_threads=threads)
-    except Exception as error:
-        _worker_error = error
-
 
 def _translate_in_worker(lines: list[str], batch_size: int, options: dict[str, Any]) -> list[str]:
-    if _worker_error is not None:
-        raise _worker_error
-    return translate_chunk(_worker_translator, lines, batch_size, options)
+    return translate_chunk(worker_translator(), lines, batch_size, options)
 
 
 class _Done:
@@ -152,7 +112,7 @@ def in_order(
 
 def translate_lines(
     lines: Iterable[str],
-    folder: str | os.PathLike,
+    folder: str | os.PathLike | ExportFolder,
     *,
     workers: int = 1,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
@@ -169,7 +129,7 @@ def translate_lines(
 
     Args:
         lines: source sentences, one per item, without line ends (e.g. `read_lines(file)`); blank ones give "".
-        folder: the export folder.
+        folder: the export folder (a path, or an `ExportFolder` already read).
         workers: onnxruntime processes; 1 translates in this process.
         chunk_size: lines sorted and batched together (one worker's task).
         batch_size: sentences per model call.
@@ -191,14 +151,8 @@ def translate_lines(
             translator = OrtTranslator(folder, provider=provider, intra_op_num_threads=threads)
         yield from in_order(chunks, lambda chunk: _Done(translate_chunk(translator, chunk, batch_size, options)), 1)
         return
-    check_export_folder(folder)
-    # spawn: fresh interpreters on every platform; no copy of a parent's threads or onnxruntime state
-    pool = ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=_start_worker,
-        initargs=(str(folder), provider, threads),
-    )
+    # the folder is checked here, so that the workers fail on nothing this process could have reported
+    pool = start_translator_pool(ExportFolder.of(folder), workers, provider, threads)
     try:
         submit = lambda chunk: pool.submit(_translate_in_worker, chunk, batch_size, options)  # noqa: E731
         yield from in_order(chunks, submit, workers + 1)

@@ -1,10 +1,15 @@
-"""The export folder's contract, defined once: file names, graph input/output names and the helper graphs' I/O.
+"""The export folder's contract, defined once: file names, the manifest, graph input/output names and the helper
+graphs' I/O.
 
 The exporter (`vanilla_transformer.export`) writes folders by these names and this runtime reads them; stdlib only,
-so the runtime stays torch-free. Names follow optimum's convention; export/README.md shows every graph's shapes.
+so the runtime stays torch-free. Names follow optimum's convention; docs/onnx.md shows every graph's shapes.
 """
 
 from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
 
 # Files of an export folder.
 ENCODER_FILE = "encoder_model.onnx"
@@ -29,6 +34,8 @@ SAVED_TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json")
 TOKENIZER_FILES = (*SAVED_TOKENIZER_FILES, "special_tokens_map.json")
 MANIFEST_FORMAT = "vanilla-transformer-onnx"
 MANIFEST_FORMAT_VERSION = 2  # 2 adds decoder_model_inplace.onnx; folders of version 1 are still read
+# The language pair a manifest (or a model folder's training_info.json) names.
+SOURCE_LANG, TARGET_LANG = "source_lang", "target_lang"
 
 # Symbolic dimensions of the encoder and decoder graphs.
 BATCH_DIM = "batch_size"
@@ -108,3 +115,31 @@ def reordered_name(past: str) -> str:
 
 # What an error about an incomplete or unreadable export folder tells the user to do.
 EXPORT_AGAIN = "export the model again: vt-export-onnx --model MODEL_FOLDER --output EXPORT_FOLDER"
+
+
+def read_json_object(path: str | os.PathLike) -> dict:
+    """A JSON file of an export folder that must hold an object (manifest, config, generation config).
+
+    Raises ValueError (one line, naming the file) when it does not parse or holds something else, OSError when it
+    cannot be read.
+    """
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{path} is not valid JSON ({error}); {EXPORT_AGAIN}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds a JSON {type(value).__name__}, not an object; {EXPORT_AGAIN}")
+    return value
+
+
+def read_manifest(folder: str | os.PathLike) -> dict:
+    """The folder's `manifest.json` (the one place it is read), or {} where the folder has none."""
+    path = Path(folder) / MANIFEST_FILE
+    return read_json_object(path) if path.is_file() else {}
+
+
+def language_pair(info: dict) -> tuple[str, str] | None:
+    """(source, target) language codes of a manifest or a `training_info.json`; None unless it names both."""
+    if isinstance(info, dict) and info.get(SOURCE_LANG) and info.get(TARGET_LANG):
+        return str(info[SOURCE_LANG]), str(info[TARGET_LANG])
+    return None

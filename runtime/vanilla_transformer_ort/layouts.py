@@ -7,11 +7,10 @@ kind into one `ValueError` line that names what the folder is and the command th
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from .contract import CONFIG_FILE, DECODER_FILE, ENCODER_FILE, MANIFEST_FILE, MANIFEST_FORMAT
+from .contract import CONFIG_FILE, DECODER_FILE, ENCODER_FILE, MANIFEST_FORMAT, read_manifest
 
 VANILLA = "vanilla"  # this runtime's layout: encoder with cross K/V, one-step decoder, helper graphs, manifest.json
 OPTIMUM = "optimum"  # the standard layout of 🤗 Optimum and transformers.js: onnx/decoder_model_merged.onnx
@@ -46,8 +45,8 @@ COMMANDS = {
 
 def _manifest_format(folder: Path) -> str | None:
     try:
-        return json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8")).get("format")
-    except (OSError, ValueError, AttributeError):
+        return read_manifest(folder).get("format")
+    except (OSError, ValueError):  # a damaged manifest: the folder is told by its file names
         return None
 
 
@@ -61,11 +60,11 @@ def detect_layout(folder: str | os.PathLike) -> str:
     if not folder.is_dir():
         return UNKNOWN
     has = lambda *parts: folder.joinpath(*parts).is_file()  # noqa: E731
-    if has(MANIFEST_FILE) and _manifest_format(folder) == MANIFEST_FORMAT:
+    if _manifest_format(folder) == MANIFEST_FORMAT:
         return VANILLA
     if has(CONFIG_FILE) and (has(STANDARD_SUBFOLDER, STANDARD_DECODER_FILE) or has(STANDARD_DECODER_FILE)):
         return OPTIMUM
-    if has(ENCODER_FILE) and has(DECODER_FILE):  # exported before manifest.json existed
+    if has(ENCODER_FILE) and has(DECODER_FILE):  # no manifest says so (ExportFolder names what is missing)
         return VANILLA
     if has(CONFIG_FILE) and any(has(name) for name in TORCH_WEIGHT_FILES):
         return PYTORCH

@@ -1,5 +1,5 @@
 """Placeholders a translation must keep, protected instead of hoped for: mask them before the model, restore and
-verify them after, retry what failed and never hand back a broken string (docs/LOCALIZATION.md).
+verify them after, retry what failed and never hand back a broken string (docs/localization.md).
 
 Pure Python, no model: `protected_translation.translate_protected` drives any `translate_batch(list[str]) ->
 list[str]` with these functions, so the ONNX runtime, the PyTorch helpers, the HTTP server and the tests (with a
@@ -418,4 +418,4 @@ def same_placeholders(source: str, translation: str, flags: Sequence[str] = ()) 
 
 # Retry strategies: a mask style by name ("verbatim" is style "none"), "alternate" (the mask style the first attempt
 # did not use: percent, or brace after percent), or "segments". The defaults are the A/B's best
-# (docs/LOCALIZATION.md): the text as it is first, then %1 masks, then {0} masks, then segments.
+# (docs/localization.md): the text as it is first, then %1 masks, then {0} masks, then segments.

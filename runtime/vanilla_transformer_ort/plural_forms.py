@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from .languages import primary_subtag
+
 # Plural-Forms of common languages (GNU gettext manual, "Plural forms"; the CLDR rules as gettext writes them).
 PLURAL_FORMS = {
     "ja": "nplurals=1; plural=0;", "ko": "nplurals=1; plural=0;", "zh": "nplurals=1; plural=0;",
@@ -124,7 +126,7 @@ def compile_plural(expression: str) -> Callable[[int], int]:
 def default_plural_forms(language: str) -> str | None:
     """The Plural-Forms of `language` (de, pt_BR, sr@latin, zh_CN, ...) from the table, or None."""
     base = re.split(r"[@.]", language)[0].replace("-", "_")
-    return PLURAL_FORMS.get(base) or PLURAL_FORMS.get(base.split("_")[0])
+    return PLURAL_FORMS.get(base) or PLURAL_FORMS.get(primary_subtag(base))
 
 
 def singular_forms(nplurals: int, evaluate: Callable[[int], int]) -> set[int]:

@@ -1,5 +1,5 @@
 """`vt-translate-po INPUT OUTPUT --model FOLDER`: machine pre-translation of a gettext catalog (.pot, .po or .mo in,
-.po out) with every placeholder kept; what the model wrote is marked fuzzy for review (docs/LOCALIZATION.md).
+.po out) with every placeholder kept; what the model wrote is marked fuzzy for review (docs/localization.md).
 
 Problems with the input give one line naming the file (and line) and what to do, and exit status 2.
 """
@@ -24,7 +24,9 @@ from .catalog import (
 )
 from .cli_common import make_parser, positive_int, run_cli
 from .contract import CONFIG_FILE, ENCODER_FILE
+from .folder import ExportFolder
 from .languages import check_target_language
+from .layouts import PYTORCH, UNKNOWN, detect_layout
 from .placeholders import STYLES
 from .protected_translation import DEFAULT_RETRY, DEFAULT_STYLE, STRATEGIES
 
@@ -91,40 +93,45 @@ def registered_backend(name: str) -> Callable | None:
     return None
 
 
-def check_model_folder(folder: str) -> Path:
-    """The --model folder, checked without loading anything: an ONNX export or a model folder (config.json)."""
+def check_model_folder(folder: str) -> ExportFolder | Path:
+    """The --model folder, checked without loading a model: an ONNX export (read as an `ExportFolder`) or a model
+    folder (its path, for the registered backend)."""
     path = Path(folder)
+    layout = detect_layout(path)
+    if layout == PYTORCH:
+        return path
+    if layout != UNKNOWN or (path / ENCODER_FILE).is_file():  # an export, or what it is instead, named
+        return ExportFolder(path)
     if not path.is_dir():
         raise CatalogError(f"--model {path}: no such folder; pass an ONNX export (vt-export-onnx) or a model folder")
-    if not (path / ENCODER_FILE).is_file() and not (path / CONFIG_FILE).is_file():
-        raise CatalogError(
-            f"--model {path}: neither an ONNX export ({ENCODER_FILE}) nor a model folder ({CONFIG_FILE}); pass the "
-            "folder vt-export-onnx or training wrote"
-        )
-    return path
+    if (path / CONFIG_FILE).is_file():  # a model folder without weights: the backend names what is missing
+        return path
+    raise CatalogError(
+        f"--model {path}: neither an ONNX export ({ENCODER_FILE}) nor a model folder ({CONFIG_FILE}); pass the "
+        "folder vt-export-onnx or training wrote"
+    )
 
 
-def load_translate_batch(folder: str, num_beams: int | None, threads: int, provider: str) -> Callable:
-    """`translate_batch` over an ONNX export folder (onnxruntime) or a model folder (a registered backend)."""
-    path = check_model_folder(folder)
-    if (path / ENCODER_FILE).is_file():
+def load_translate_batch(model: ExportFolder | Path, num_beams: int | None, threads: int, provider: str) -> Callable:
+    """`translate_batch` over an ONNX export (onnxruntime) or a model folder (a registered backend)."""
+    if isinstance(model, ExportFolder):
         from .translator import OrtTranslator
 
-        translator = OrtTranslator(path, provider=provider, intra_op_num_threads=threads)
+        translator = OrtTranslator(model, provider=provider, intra_op_num_threads=threads)
         return lambda batch: translator.translate(list(batch), num_beams=num_beams)
     loader = registered_backend(PYTORCH_BACKEND)
     if loader is None:
         raise CatalogError(
-            f"--model {path}: a PyTorch model folder needs the vanilla-transformer package (with torch); install it, "
-            f"or export the folder with vt-export-onnx --model {path} --output EXPORT and pass EXPORT"
+            f"--model {model}: a PyTorch model folder needs the vanilla-transformer package (with torch); install "
+            f"it, or export the folder with vt-export-onnx --model {model} --output EXPORT and pass EXPORT"
         )
-    return loader(path, num_beams=num_beams, threads=threads, device="cpu" if provider == "cpu" else None)
+    return loader(model, num_beams=num_beams, threads=threads, device="cpu" if provider == "cpu" else None)
 
 
 def command(argv: list[str]) -> int:
     """Check everything cheap first (paths, catalog, flags, plural rule), then load the model and translate."""
     args = build_parser().parse_args(argv)
-    check_model_folder(args.model)
+    model = check_model_folder(args.model)
     input_path = Path(args.input)
     if args.output is not None and args.output_flag is not None and args.output != args.output_flag:
         raise CatalogError(f"{input_path}: two outputs given ({args.output}, {args.output_flag}); pass one")
@@ -142,11 +149,11 @@ def command(argv: list[str]) -> int:
     language = args.target_lang or catalog.metadata.get("Language", "").strip()
     if not language:
         raise CatalogError(f"{input_path}: the catalog names no Language; pass --target_lang (e.g. de)")
-    check_target_language(args.model, language, "--target_lang" if args.target_lang else "the catalog's Language")
+    check_target_language(model, language, "--target_lang" if args.target_lang else "the catalog's Language")
     check_flags(catalog, input_path)
     resolve_plural_forms(catalog, input_path, language, args.plural_forms, any(e.msgid_plural for e in entries))
 
-    translate_batch = load_translate_batch(args.model, args.num_beams, args.threads, args.provider)
+    translate_batch = load_translate_batch(model, args.num_beams, args.threads, args.provider)
     show = not args.quiet and sys.stderr.isatty()
     report = pretranslate(
         catalog,

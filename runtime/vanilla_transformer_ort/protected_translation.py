@@ -1,5 +1,5 @@
 """The placeholder-safe translate loop: the text as it is first, verified; then masked; then piece by piece; never a
-broken string (docs/LOCALIZATION.md). Pure Python: `translate_batch` is any `list[str] -> list[str]` (the ONNX
+broken string (docs/localization.md). Pure Python: `translate_batch` is any `list[str] -> list[str]` (the ONNX
 runtime, the PyTorch helpers, the HTTP server's scheduler, a test's fake). The masks themselves: `placeholders.py`.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .batches import translate_by_length
 from .placeholders import protect, restore, token_text
 
 
@@ -76,7 +77,7 @@ def translate_protected(
             owners.append((index, len(inputs), len(pieces)))
             inputs.extend(pieces)
             finishers.append(finish)
-        outputs = run_batches(translate_batch, inputs, batch_size)
+        outputs = translate_by_length(translate_batch, inputs, batch_size)
         failing = []
         for (index, start, count), finish in zip(owners, finishers, strict=True):
             results[index].attempts.append(name)
@@ -130,19 +131,3 @@ def translate_protected(
     for index in pending:
         results[index].status = "failed"
     return results
-
-
-def run_batches(translate_batch: Callable[[list[str]], list[str]], inputs: list[str], batch_size: int | None):
-    """`translate_batch` over `inputs` in chunks of `batch_size` texts of similar length (less padding), answers in
-    the input order; each answer must have one translation per text."""
-    outputs: list[str] = [""] * len(inputs)
-    order = sorted(range(len(inputs)), key=lambda index: len(inputs[index]))
-    size = batch_size or max(len(inputs), 1)
-    for start in range(0, len(order), size):
-        indices = order[start : start + size]
-        answer = list(translate_batch([inputs[index] for index in indices]))
-        if len(answer) != len(indices):
-            raise ValueError(f"translate_batch returned {len(answer)} translations for {len(indices)} texts")
-        for index, text in zip(indices, answer, strict=True):
-            outputs[index] = text
-    return outputs

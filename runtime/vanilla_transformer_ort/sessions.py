@@ -87,12 +87,11 @@ def session_options(
     `create_session`), the CPU arena off, and threads that stop spinning when a run ends.
 
     Without the arena, onnxruntime frees intermediate tensors instead of keeping the largest size it ever needed:
-    beam 4 at batch 16 on the base int8 export peaks 57 MB (13%) lower, at the same speed within noise.
-    onnxruntime's worker threads spin between the operators of a run (kept: it is faster) and, by default, for a
-    while after it. After the encoder's run that spinning took a core from the first decoder steps: stopping it
-    (`session.force_spinning_stop`) took greedy batch 1 at base size from 82-113 to 59-66 ms (int8) and from 213 to
-    165-175 ms (fp32). `config_entries` are passed to `SessionOptions.add_session_config_entry` and override these
-    defaults, e.g. `{"session.intra_op.allow_spinning": "0"}` on a machine shared with other jobs.
+    a lower peak at the same speed. onnxruntime's worker threads spin between the operators of a run (kept: it is
+    faster) and, by default, for a while after it; that spinning took a core from the first decoder steps after the
+    encoder's run, so it stops when a run ends (`session.force_spinning_stop`; measured in docs/onnx.md,
+    "Providers and threads"). `config_entries` are passed to `SessionOptions.add_session_config_entry` and override
+    these defaults, e.g. `{"session.intra_op.allow_spinning": "0"}` on a machine shared with other jobs.
     `shared_cpu_arena`: allocate from the process's one CPU arena (`register_shared_cpu_arena`), whatever
     `enable_cpu_mem_arena` says.
     """
@@ -121,14 +120,13 @@ def create_session(
     """An `onnxruntime.InferenceSession` for `path`, without the graph fusions that are slower on CPU.
 
     `disabled_optimizers=None` skips `CPU_DISABLED_OPTIMIZERS` when the first provider is the CPU one and nothing
-    otherwise; `()` keeps every fusion. On CPU (onnxruntime 1.32, 2 threads, base size, a decoder step at 64 rows):
+    otherwise; `()` keeps every fusion. On CPU both fused kernels are slower than the operators they replace
+    (measured in docs/onnx.md, "Providers and threads"):
     - `SkipLayerNormFusion` merges each residual `Add` with the `LayerNormalization` after it into one
-      `SkipLayerNormalization`, and that kernel is 3-4x slower than the two operators it replaces
-      (64x512: 107-170 us against 29-41 us); 18 of them took 1.64 ms of the int8 step, against 0.6 ms unfused.
+      `SkipLayerNormalization`;
     - `MatMulScaleFusion` folds the attention scale 1/sqrt(d_k) into the `FusedMatMul` of Q and K^T, and a
-      `FusedMatMul` with a scale other than 1 runs twice as slow: 2.37 ms against 1.15 ms plus 0.15 ms for the `Mul`.
-    Together: int8 beam 4 at batch 16 681 to 616 ms, fp32 1376 to 1295 ms; greedy batch 1 unchanged. The unfused
-    operators also compute like PyTorch (residual add, then layer norm; scores, then scale).
+      `FusedMatMul` with a scale other than 1 runs slower than one without plus a `Mul`.
+    The unfused operators also compute like PyTorch (residual add, then layer norm; scores, then scale).
     """
     ort = import_onnxruntime()
 

@@ -1,117 +1,40 @@
 """`OrtTranslator`: load an exported folder with onnxruntime and translate (numpy + tokenizers only, no torch).
 
-Folders converted from Marian carry Marian's sentencepiece tokenizer instead of `tokenizer.json`; they need the
-`sentencepiece` package (see `marian_tokenizer.py`).
-
-Graph names and shapes: `contract.py` and export/README.md. The encoder runs once per batch and hands every decoder
-layer's cross-attention K/V to the decoder; the decoder graph runs once per generated token.
+Graph names and shapes: `contract.py` and docs/onnx.md. The encoder runs once per batch and hands every decoder
+layer's cross-attention K/V to the decoder; the decoder graph runs once per generated token. The folder itself is
+read and checked by `folder.ExportFolder`.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
 from dataclasses import fields
-from pathlib import Path
 
 import numpy as np
 
 from .contract import (
     ATTENTION_MASK,
     BEAM_SCORES_FILE,
-    CONFIG_FILE,
     DECODER_FILE,
     ENCODER_FILE,
-    EXPORT_AGAIN,
-    GENERATION_CONFIG_FILE,
     INPLACE_DECODER_FILE,
     INPUT_IDS,
     LAST_HIDDEN_STATE,
-    MANIFEST_FILE,
     PAST_PREFIX,
     REORDER_FILE,
-    TOKENIZER_FILE,
     cache_names,
     is_self_attention,
     past_name,
 )
 from .decoder_state import BoundState, InPlaceState, NumpyState
-from .layouts import CTRANSLATE2, OPTIMUM, VANILLA, check_layout
-from .marian_tokenizer import MarianSentencePieceTokenizer, is_marian_tokenizer_folder
+from .folder import ExportFolder, settings_from_folder  # noqa: F401 (settings_from_folder: re-exported)
 from .search import DecoderState, GenerationSettings, beam_search, greedy_search
 from .sessions import PROVIDERS, create_session, resolve_provider, session_options, shared_table
 
 logger = logging.getLogger(__name__)
-
-# Generation options that change outputs but are not implemented here: refuse them instead of ignoring them.
-UNSUPPORTED_GENERATION = {
-    "do_sample": False,
-    "num_return_sequences": 1,
-    "repetition_penalty": 1.0,
-    "no_repeat_ngram_size": 0,
-    "encoder_no_repeat_ngram_size": 0,
-    "suppress_tokens": None,
-    "begin_suppress_tokens": None,
-    "forced_bos_token_id": None,
-    "num_beam_groups": 1,
-    "diversity_penalty": 0.0,
-}
-
-
-# What `generate()` produces when neither max_new_tokens nor max_length is set anywhere (transformers'
-# `_prepare_generated_length`: the default max_length of 20 plus the decoder start token, capped at the model's
-# max_position_embeddings).
-DEFAULT_MAX_NEW_TOKENS = 20
-
-
-def settings_from_folder(folder: Path) -> GenerationSettings:
-    """Generation defaults from `generation_config.json` and `config.json`, as transformers resolves them."""
-    config = json.loads((folder / CONFIG_FILE).read_text())
-    generation = {}
-    if (folder / GENERATION_CONFIG_FILE).is_file():
-        generation = json.loads((folder / GENERATION_CONFIG_FILE).read_text())
-    for key, default in UNSUPPORTED_GENERATION.items():
-        if generation.get(key, default) not in (default, None):
-            raise ValueError(f"generation_config.json sets {key}={generation[key]!r}, which this runtime does not do")
-
-    def pick(key: str, fallback=None):
-        value = generation.get(key)
-        return config.get(key, fallback) if value is None else value
-
-    eos = pick("eos_token_id")
-    eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    bad_words = generation.get("bad_words_ids") or []
-    if any(len(sequence) != 1 for sequence in bad_words):
-        raise ValueError(
-            f"generation_config.json sets bad_words_ids={bad_words!r}; this runtime bans single tokens only"
-        )
-    # transformers drops a banned word that is exactly an EOS token (NoBadWordsLogitsProcessor)
-    banned = [sequence[0] for sequence in bad_words if sequence[0] not in eos_ids]
-    start = pick("decoder_start_token_id", pick("bos_token_id"))
-    if start is None:
-        raise ValueError(f"{folder}: no decoder_start_token_id in config.json or generation_config.json")
-    if generation.get("max_new_tokens"):
-        max_new = generation["max_new_tokens"]
-    elif generation.get("max_length") is not None:
-        max_new = generation["max_length"] - 1  # the decoder start token counts towards max_length
-    else:  # transformers' default: 20 new tokens, at most as many positions as the model has
-        max_new = min(DEFAULT_MAX_NEW_TOKENS + 1, config.get("max_position_embeddings") or 10**9) - 1
-    min_new = generation.get("min_new_tokens") or max(generation.get("min_length", 0) - 1, 0)
-    return GenerationSettings(
-        decoder_start_token_id=start,
-        eos_token_ids=eos_ids,
-        pad_token_id=pick("pad_token_id"),
-        max_new_tokens=max_new,
-        min_new_tokens=min_new,
-        num_beams=generation.get("num_beams", 1),
-        length_penalty=generation.get("length_penalty", 1.0),
-        early_stopping=generation.get("early_stopping", False),
-        forced_eos_token_id=generation.get("forced_eos_token_id"),
-        banned_token_ids=banned,
-        renormalize_logits=bool(generation.get("renormalize_logits", False)),
-    )
 
 
 def target_vocab_size(config: dict) -> int:
@@ -119,21 +42,6 @@ def target_vocab_size(config: dict) -> int:
     if config.get("share_encoder_decoder_embeddings", True) or not config.get("decoder_vocab_size"):
         return config["vocab_size"]
     return config["decoder_vocab_size"]
-
-
-def load_tokenizer(folder: Path):
-    """`tokenizer.json` with the `tokenizers` package, or Marian's sentencepiece files (source.spm, target.spm,
-    vocab.json); both offer `encode_batch` and `decode_batch`."""
-    if (folder / TOKENIZER_FILE).is_file():
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_file(str(folder / TOKENIZER_FILE))
-    if is_marian_tokenizer_folder(folder):
-        return MarianSentencePieceTokenizer(folder)
-    raise ValueError(
-        f"export folder {folder} has no tokenizer.json (nor Marian's source.spm, target.spm, vocab.json); "
-        f"{EXPORT_AGAIN}"
-    )
 
 
 def check_token_array(name: str, array: np.ndarray) -> np.ndarray:
@@ -162,11 +70,12 @@ def check_texts(texts) -> None:
 
 
 class OrtTranslator:
-    """Translate with an exported folder (see `vanilla_transformer.export.onnx_export.export_model`) on onnxruntime.
+    """Translate with an exported folder (see `vanilla_transformer.export.onnx.export.export_model`) on onnxruntime.
 
     Args:
-        folder: export folder with `encoder_model.onnx`, `decoder_model.onnx`, `config.json` and `tokenizer.json`
-            (or Marian's `source.spm`, `target.spm`, `vocab.json`).
+        folder: export folder (a path, or an `ExportFolder` already read) with `encoder_model.onnx`,
+            `decoder_model.onnx`, `config.json`, `manifest.json` and `tokenizer.json` (or Marian's `source.spm`,
+            `target.spm`, `vocab.json`).
         provider: "auto" (CUDA when onnxruntime-gpu and a GPU are present, else CPU), "cpu" or "cuda".
         intra_op_num_threads: threads per operator; set it explicitly on shared machines.
         use_io_binding: keep the KV cache in onnxruntime values between steps; defaults to True on CUDA.
@@ -190,7 +99,7 @@ class OrtTranslator:
 
     def __init__(
         self,
-        folder: str | os.PathLike,
+        folder: str | os.PathLike | ExportFolder,
         provider: str = "auto",
         intra_op_num_threads: int = 1,
         use_io_binding: bool | None = None,
@@ -200,19 +109,12 @@ class OrtTranslator:
         disabled_optimizers: Sequence[str] | None = None,
         decoder_cache: str = "auto",
     ):
-        self.folder = Path(folder)
-        if not self.folder.is_dir():
-            raise ValueError(f"export folder {self.folder} does not exist; pass a folder vt-export-onnx wrote")
-        check_layout(self.folder, VANILLA, refuse=(OPTIMUM, CTRANSLATE2))  # the other ONNX layout, or CTranslate2
-        for name in (ENCODER_FILE, DECODER_FILE, CONFIG_FILE):
-            if not (self.folder / name).is_file():
-                raise ValueError(f"export folder {self.folder} has no {name}; {EXPORT_AGAIN}")
-        self.tokenizer = load_tokenizer(self.folder)
-        manifest_path = self.folder / MANIFEST_FILE
-        self.manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else {}
-        for name in self.manifest.get("files", {}):  # the graphs' external weights, which onnxruntime reads
-            if name.endswith(".onnx.data") and not (self.folder / name).is_file():
-                raise ValueError(f"export folder {self.folder} has no {name}; {EXPORT_AGAIN}")
+        self.export_folder = ExportFolder.of(folder)
+        self.folder = self.export_folder.path
+        self.manifest = self.export_folder.manifest
+        self.config = self.export_folder.config
+        self.settings = dataclasses.replace(self.export_folder.settings)  # this translator's own copy
+        self.tokenizer = self.export_folder.tokenizer
         requested = resolve_provider(provider)
         providers = [requested] if requested == PROVIDERS["cpu"] else [requested, PROVIDERS["cpu"]]
         # fp32 folders store the shared embedding once; on CPU every session reads one buffer of it (elsewhere
@@ -231,17 +133,15 @@ class OrtTranslator:
         self.encoder = session(ENCODER_FILE)
         self.inplace = self._use_inplace(decoder_cache, requested, use_io_binding)
         self.decoder = session(INPLACE_DECODER_FILE if self.inplace else DECODER_FILE)
-        self.reorder = session(REORDER_FILE) if (self.folder / REORDER_FILE).is_file() else None  # I/O binding only
-        # Folders exported before beam_scores.onnx rank beam candidates in numpy.
-        self.beam_scores = session(BEAM_SCORES_FILE) if (self.folder / BEAM_SCORES_FILE).is_file() else None
+        self.reorder = session(REORDER_FILE) if self.export_folder.has(REORDER_FILE) else None  # I/O binding only
+        # Without beam_scores.onnx, beam candidates are ranked in numpy.
+        self.beam_scores = session(BEAM_SCORES_FILE) if self.export_folder.has(BEAM_SCORES_FILE) else None
         # onnxruntime-gpu lists CUDA even without a GPU and silently falls back to CPU: report what is used.
         self.provider = self.decoder.get_providers()[0]
         if requested != self.provider:
             logger.warning("Requested %s, onnxruntime uses %s", requested, self.provider)
         self.device = "cuda" if self.provider == PROVIDERS["cuda"] else "cpu"
         self.use_io_binding = self.device == "cuda" if use_io_binding is None else use_io_binding
-        self.settings = settings_from_folder(self.folder)
-        self.config = json.loads((self.folder / CONFIG_FILE).read_text())
         self.num_layers = self.config["decoder_layers"]
         self.num_heads = self.config["decoder_attention_heads"]
         self.d_head = self.config["d_model"] // self.num_heads
@@ -252,7 +152,7 @@ class OrtTranslator:
         """Whether to run the in-place decoder graph (see `decoder_cache` in the class docstring)."""
         if decoder_cache not in ("auto", "inplace", "copy"):
             raise ValueError(f"decoder_cache must be 'auto', 'inplace' or 'copy', got {decoder_cache!r}")
-        available = (self.folder / INPLACE_DECODER_FILE).is_file()
+        available = self.export_folder.has(INPLACE_DECODER_FILE)
         if decoder_cache == "inplace" and not available:
             raise ValueError(
                 f"Export folder {self.folder} has no {INPLACE_DECODER_FILE} (exported before format version 2, or "

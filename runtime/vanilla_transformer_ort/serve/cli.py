@@ -113,8 +113,8 @@ def serve_command(argv: list[str]) -> None:
     missing = missing_fast_io()
     if missing:
         logging.getLogger(__name__).warning(
-            "%s not installed: uvicorn falls back to asyncio's event loop and its pure-Python HTTP parser, measured "
-            "5-22 %% fewer sentences/s; pip install 'uvicorn[standard]' (the serve extra installs it)",
+            "%s not installed: uvicorn falls back to asyncio's event loop and its pure-Python HTTP parser, which "
+            "serve fewer sentences/s; pip install 'uvicorn[standard]' (the serve extra installs it)",
             " and ".join(missing),
         )
     server.run()

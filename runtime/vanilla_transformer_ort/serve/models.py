@@ -7,16 +7,13 @@ small table of ISO 639-1 codes; an unknown code is its own name.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..contract import CONFIG_FILE, DECODER_FILE, ENCODER_FILE, MANIFEST_FILE, TOKENIZER_FILE
-from ..languages import check_pair, folder_languages
-from ..layouts import CTRANSLATE2, OPTIMUM, PYTORCH, VANILLA, check_layout
-from ..marian_tokenizer import is_marian_tokenizer_folder
+from ..folder import ExportFolder
+from ..languages import check_pair, primary_subtag
 
 LANGUAGE_NAMES = {
     "ar": "Arabic", "bg": "Bulgarian", "ca": "Catalan", "cs": "Czech", "da": "Danish", "de": "German",
@@ -34,38 +31,27 @@ PAIR_SPEC = re.compile(r"^(?P<source>[^=/\\]+?)-(?P<target>[^=/\\]+)=(?P<folder>
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One served pair: source and target language codes and the export folder."""
+    """One served pair: source and target language codes and the export folder (`export_folder`: the folder read
+    and checked, by `parse_model_spec` or else here)."""
 
     source: str
     target: str
     folder: Path
+    export_folder: ExportFolder | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.export_folder is None:
+            object.__setattr__(self, "export_folder", ExportFolder(self.folder))
 
     @property
     def pair(self) -> str:
         return f"{self.source}-{self.target}"
 
 
-def check_export_folder(folder: Path) -> None:
-    """Raise ValueError naming the folder and the missing file when `folder` is not an ONNX export."""
-    if not folder.is_dir():
-        raise ValueError(f"{folder}: no such folder; pass an export folder written by vt-export-onnx")
-    check_layout(folder, VANILLA, refuse=(OPTIMUM, CTRANSLATE2, PYTORCH))  # names the kind of folder it is
-    for name in (ENCODER_FILE, DECODER_FILE, CONFIG_FILE):
-        if not (folder / name).is_file():
-            raise ValueError(f"{folder} is not an ONNX export: it has no {name}; export it with vt-export-onnx")
-    if not (folder / TOKENIZER_FILE).is_file() and not is_marian_tokenizer_folder(folder):
-        raise ValueError(f"{folder} is not an ONNX export: it has no {TOKENIZER_FILE}; export it with vt-export-onnx")
-
-
-def batch_dependent(folder: Path) -> bool:
+def batch_dependent(folder: str | os.PathLike | ExportFolder) -> bool:
     """Whether the folder's int8 graphs quantize activations with one range per tensor (manifest quantization
-    `int8-dynamic`, the only int8 before per-row ranges): a text's translation then depends on the rows batched with
-    it."""
-    try:
-        manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(manifest, dict) and manifest.get("quantization") == "int8-dynamic"
+    `int8-dynamic`, onnxruntime's own int8): a text's translation then depends on the rows batched with it."""
+    return ExportFolder.of(folder).quantization == "int8-dynamic"
 
 
 def parse_model_spec(spec: str | os.PathLike) -> ModelSpec:
@@ -74,6 +60,7 @@ def parse_model_spec(spec: str | os.PathLike) -> ModelSpec:
     A pair on the command line must be the folder's own when its manifest names one."""
     text = os.fspath(spec)
     match = PAIR_SPEC.match(text)
+    export_folder = None
     if match and not Path(text).exists():
         source, target, folder = match["source"], match["target"], Path(match["folder"])
     elif "=" in text and not Path(text).exists():
@@ -83,20 +70,19 @@ def parse_model_spec(spec: str | os.PathLike) -> ModelSpec:
         )
     else:
         folder = Path(text)
-        check_export_folder(folder)
-        languages = folder_languages(folder)
-        if languages is None:
+        export_folder = ExportFolder(folder)
+        if export_folder.languages is None:
             raise ValueError(
                 f"{folder}: its manifest.json names no source_lang/target_lang; name the pair on the command line "
                 f"as SRC-TGT={folder} (for example en-de={folder})"
             )
-        source, target = languages
+        source, target = export_folder.languages
     for code in (source, target):
         if not LANGUAGE_CODE.match(code):
             raise ValueError(f"{text}: {code!r} is not a language code (ISO 639, for example 'en' or 'de')")
-    check_export_folder(folder)
-    check_pair(folder, source, target)
-    return ModelSpec(source, target, folder)
+    spec = ModelSpec(source, target, folder, export_folder)  # reads the folder where it was not read above
+    check_pair(spec.export_folder, source, target)
+    return spec
 
 
 def check_unique(specs: list[ModelSpec]) -> None:
@@ -109,4 +95,4 @@ def check_unique(specs: list[ModelSpec]) -> None:
 
 
 def language_name(code: str) -> str:
-    return LANGUAGE_NAMES.get(code.split("-")[0].split("_")[0].lower(), code)
+    return LANGUAGE_NAMES.get(primary_subtag(code), code)

@@ -100,7 +100,8 @@ def load_translators(spec: ModelSpec, settings: ServeSettings) -> list:
     (each in a process of its own, `session_workers="process"`) or `OrtTranslator`s in this process ("thread")."""
     from ..translator import OrtTranslator
 
-    if settings.batching and batch_dependent(spec.folder):
+    folder = spec.export_folder
+    if settings.batching and batch_dependent(folder):
         logger.warning(
             "%s quantizes int8 activations with one range per tensor: a text's translation can depend on the requests "
             "batched with it. Re-export it with vt-export-onnx --quantize int8 (one range per row, the default), or "
@@ -110,9 +111,9 @@ def load_translators(spec: ModelSpec, settings: ServeSettings) -> list:
     if settings.session_workers == "process":
         from .workers import start_sessions
 
-        return start_sessions(spec.folder, settings.sessions, settings.provider, settings.threads_per_session)
+        return start_sessions(folder, settings.sessions, settings.provider, settings.threads_per_session)
     return [
-        OrtTranslator(spec.folder, provider=settings.provider, intra_op_num_threads=settings.threads_per_session)
+        OrtTranslator(folder, provider=settings.provider, intra_op_num_threads=settings.threads_per_session)
         for _ in range(settings.sessions)
     ]
 
@@ -276,7 +277,7 @@ class TranslationService:
         """Translations that keep every placeholder of their segment (`%s`, `{0}`, `<b>`, `&amp;`, URLs, ...).
 
         As `protected_translation.translate_protected` does it (its order of attempts is the one measured best in
-        docs/LOCALIZATION.md): first the segment as it is, verified; a segment whose translation lost, duplicated
+        docs/localization.md): first the segment as it is, verified; a segment whose translation lost, duplicated
         or invented a placeholder is retried with its placeholders masked, then piece by piece (in a worker thread,
         its batches still going through the scheduler); a segment that fails them all comes back untranslated,
         never broken. The first pass is awaited here, so most requests never leave the event loop.

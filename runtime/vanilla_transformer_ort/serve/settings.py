@@ -26,11 +26,10 @@ class ServeSettings:
     texts or a body over `max_body_bytes` a 413, a full queue (`max_queue` segments waiting) a 429, a request not
     answered within `request_timeout` seconds a 503. `sessions` onnxruntime sessions per model run batches side by
     side (default: 2 where there are 2 cores or more), each on `threads` intra-op threads (default: the usable cores
-    shared out among the sessions). On 2 cores, 2 sessions of 1 thread served 64.6 sentences/s at 32 clients against
-    50.5 for 1 session of 2 threads (docs/serving.md): one batch's Python search steps overlap the other's kernels.
+    shared out among the sessions): one batch's Python search steps overlap the other's kernels.
     `session_workers` "process" (the default) runs each session in a process of its own, so that no session's search
-    step waits for another's, or for the event loop, on one interpreter lock: 180.6 against 158.3 sentences/s with
-    "thread" at 32 clients (medians of three interleaved rounds, docs/serving.md). "thread" keeps the sessions in
+    step waits for another's, or for the event loop, on one interpreter lock (both choices measured in
+    docs/experiments/serving-runs.md). "thread" keeps the sessions in
     this process: an fp32 folder's embedding table and onnxruntime's arena are then shared, for less memory.
 
     The web page at `/` waits `frontend_timeout` milliseconds after the last keystroke before it translates.

@@ -1,8 +1,8 @@
 """Session processes: each onnxruntime session of the server in a process of its own.
 
 A batch's beam search runs a Python step between its onnxruntime calls, and the event loop parses requests in
-Python too. In one process these take turns on one interpreter lock: on 2 cores, two session threads translated 242
-unsorted test sentences/s in batches of 8, two processes 2 x 176 (docs/serving.md). `SessionProcess` runs an
+Python too. In one process these take turns on one interpreter lock, so each session gets a process of its own
+(measured in docs/experiments/serving-runs.md). `SessionProcess` runs an
 `OrtTranslator` in a child process and offers, in the server's process, the part of its interface the batch
 scheduler uses: `tokenizer`, `settings` and `config` (read from the folder, no session loaded here) and `generate`
 (run in the child, blocking the calling worker thread only, which waits without holding the lock).
@@ -10,73 +10,31 @@ scheduler uses: `tokenizer`, `settings` and `config` (read from the folder, no s
 
 from __future__ import annotations
 
-import json
 import logging
-import multiprocessing
 import os
-import signal
 import threading
-import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout  # the builtin TimeoutError from Python 3.11
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 
 import numpy as np
 
-from ..contract import CONFIG_FILE
-from ..translator import load_tokenizer, settings_from_folder
+from ..folder import ExportFolder
+from ..worker_pool import start_translator_pool, worker_pid, worker_translator
 from .batching import SessionLost
 
 logger = logging.getLogger(__name__)
 
-# The child's translator, and the error that kept it from loading (raised by every call, starting with `_loaded`).
-_translator = None
-_load_error: Exception | None = None
-
-
-def _exit_with(parent: int, interval: float = 1.0) -> None:
-    """End this process once `parent` is gone (killed with SIGKILL, say, so that it could not close its sessions):
-    the child then has another parent. A child holds both ends of the pool's queues, so it would never read an
-    end of file there."""
-    while os.getppid() == parent:
-        time.sleep(interval)
-    os._exit(0)
-
-
-def _start_child(folder: str, provider: str, threads: int, parent: int) -> None:
-    """Process initializer: ignore SIGINT and SIGTERM (a Ctrl-C reaches the whole process group, and systemd signals
-    every process of a service: the server itself decides when its sessions end, after the batches in flight), watch
-    for the end of the server's process, then load the folder's sessions."""
-    global _translator, _load_error
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
-    threading.Thread(target=_exit_with, args=(parent,), name="vt-parent-watch", daemon=True).start()
-    from ..translator import OrtTranslator
-
-    try:
-        _translator = OrtTranslator(folder, provider=provider, intra_op_num_threads=threads)
-    except Exception as error:  # kept for the parent, which asks `_loaded` and reports it
-        _load_error = error
-
-
-def _loaded() -> int:
-    if _load_error is not None:
-        raise _load_error
-    return os.getpid()
-
 
 def _generate(input_ids: np.ndarray, attention_mask: np.ndarray | None, overrides: dict) -> np.ndarray:
-    if _load_error is not None:
-        raise _load_error
-    return _translator.generate(input_ids, attention_mask, **overrides)
+    return worker_translator().generate(input_ids, attention_mask, **overrides)
 
 
 class SessionProcess:
     """An `OrtTranslator` of `folder` in a child process (spawned: a fresh interpreter on every platform).
 
     Args:
-        folder: the export folder.
+        folder: the export folder (a path, or an `ExportFolder` already read).
         provider: onnxruntime provider ("cpu", "cuda", "auto").
         intra_op_num_threads: threads of the child's session.
         start_timeout: seconds the child may take to load the folder.
@@ -88,17 +46,18 @@ class SessionProcess:
 
     def __init__(
         self,
-        folder: str | os.PathLike,
+        folder: str | os.PathLike | ExportFolder,
         provider: str = "cpu",
         intra_op_num_threads: int = 1,
         start_timeout: float = 300.0,
         wait: bool = True,
     ):
-        self.folder = Path(folder)
-        self.tokenizer = load_tokenizer(self.folder)
-        self.settings = settings_from_folder(self.folder)
-        self.config = json.loads((self.folder / CONFIG_FILE).read_text())
-        self._arguments = (str(self.folder), provider, intra_op_num_threads, os.getpid())
+        self.export_folder = ExportFolder.of(folder)
+        self.folder = self.export_folder.path
+        self.tokenizer = self.export_folder.tokenizer
+        self.settings = self.export_folder.settings
+        self.config = self.export_folder.config
+        self._provider, self._threads = provider, intra_op_num_threads
         self._start_timeout = start_timeout
         self._lock = threading.Lock()
         self._pool: ProcessPoolExecutor | None = None
@@ -109,13 +68,8 @@ class SessionProcess:
             self.wait_loaded()
 
     def _start(self) -> None:
-        self._pool = ProcessPoolExecutor(
-            max_workers=1,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_start_child,
-            initargs=self._arguments,
-        )
-        self._loading = self._pool.submit(_loaded)
+        self._pool = start_translator_pool(self.export_folder, 1, self._provider, self._threads, shielded=True)
+        self._loading = self._pool.submit(worker_pid)
 
     def wait_loaded(self) -> None:
         """Wait until the child has loaded the folder; ValueError (and the child ended) if it could not."""
@@ -164,10 +118,11 @@ class SessionProcess:
 
 
 def start_sessions(
-    folder: str | os.PathLike, count: int, provider: str = "cpu", intra_op_num_threads: int = 1
+    folder: str | os.PathLike | ExportFolder, count: int, provider: str = "cpu", intra_op_num_threads: int = 1
 ) -> list[SessionProcess]:
     """`count` session processes of `folder`, loading side by side; ValueError (and none left running) if one
     cannot load."""
+    folder = ExportFolder.of(folder)
     sessions = [SessionProcess(folder, provider, intra_op_num_threads, wait=False) for _ in range(count)]
     try:
         for session in sessions:

@@ -34,6 +34,7 @@ from vanilla_transformer_ort.contract import (
     cache_names,
     is_self_attention,
     past_name,
+    read_manifest,
 )
 from vanilla_transformer_ort.sessions import create_session, session_options
 
@@ -243,7 +244,7 @@ def validate_folder(
     from ...inference import load_model_folder
 
     output_dir = Path(output_dir)
-    manifest = json.loads((output_dir / MANIFEST_FILE).read_text())
+    manifest = read_manifest(output_dir)
     model = load_model_folder(Path(model_dir), dtype=torch.float32).eval()
     variant = "int8" if manifest["quantization"] else manifest["dtype"]
     report: dict = {}
