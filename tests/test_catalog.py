@@ -7,8 +7,14 @@ from pathlib import Path
 import polib
 import pytest
 
-from vanilla_transformer_ort.catalog import CatalogError, check_output_path, load_catalog, pretranslate, write_catalog
-from vanilla_transformer_ort.plural_forms import (
+from vanilla_transformer_ort.gettext.catalog import (
+    CatalogError,
+    check_output_path,
+    load_catalog,
+    pretranslate,
+    write_catalog,
+)
+from vanilla_transformer_ort.gettext.plural_forms import (
     compile_plural,
     default_plural_forms,
     parse_plural_forms,

@@ -7,8 +7,8 @@ import sys
 import polib
 import pytest
 
+from vanilla_transformer_ort.gettext.cli import main
 from vanilla_transformer_ort.placeholders import same_placeholders
-from vanilla_transformer_ort.po_cli import main
 
 POT = r"""msgid ""
 msgstr ""
@@ -254,7 +254,7 @@ def test_pytorch_folders_come_from_a_registered_backend(pot, tmp_path, capsys, m
     it; without that entry point a model folder gets a one-line error that names the export command."""
     from importlib.metadata import entry_points
 
-    from vanilla_transformer_ort import po_cli
+    from vanilla_transformer_ort.gettext import cli as po_cli
 
     (backend,) = [e for e in entry_points(group=po_cli.BACKEND_GROUP) if e.name == po_cli.PYTORCH_BACKEND]
     assert backend.value == "vanilla_transformer.inference:load_batch_translator"
@@ -262,7 +262,7 @@ def test_pytorch_folders_come_from_a_registered_backend(pot, tmp_path, capsys, m
     from pathlib import Path
 
     main_package = re.compile(r"^\s*(from vanilla_transformer[ .]|import vanilla_transformer\b(?!_))", re.MULTILINE)
-    runtime = Path(po_cli.__file__).parent
+    runtime = Path(po_cli.__file__).parents[1]
     importers = [p.name for p in runtime.rglob("*.py") if main_package.search(p.read_text(encoding="utf-8"))]
     assert importers == [], f"the runtime imports the main package in {importers}"
     from tests.onnx_helpers import trained_model_dir
@@ -276,7 +276,7 @@ def test_console_script_runs_without_torch(export_dir, pot, tmp_path):
     """The runtime alone is enough: torch imports are refused in the child process."""
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "from vanilla_transformer_ort.po_cli import main\n"
+        "from vanilla_transformer_ort.gettext.cli import main\n"
         f"sys.exit(main([{str(pot)!r}, {str(tmp_path / 'de.po')!r}, '--model', {str(export_dir)!r}, "
         "'--target_lang', 'de', '--provider', 'cpu']))\n"
     )

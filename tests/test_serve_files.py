@@ -183,7 +183,7 @@ def test_a_long_file_queues_its_segments_a_chunk_at_a_time(oracle):
 def test_catalog_is_filled_as_vt_translate_po_fills_it(tmp_path, capsys):
     """The server's catalog and `vt-translate-po`'s on the same .pot hold the same translations, flags and header
     rules; msgfmt accepts it; every plural form is written and every placeholder kept."""
-    from vanilla_transformer_ort.po_cli import main
+    from vanilla_transformer_ort.gettext.cli import main
 
     pot = tmp_path / "app.pot"
     pot.write_text(POT, encoding="utf-8")

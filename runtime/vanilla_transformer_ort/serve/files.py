@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from starlette.datastructures import Headers, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from ..catalog import CatalogError, load_catalog, pretranslate, translatable_entries, write_catalog
+from ..gettext.catalog import CatalogError, load_catalog, pretranslate, translatable_entries, write_catalog
 from .service import RequestError, TranslationService
 
 # Extension -> how the file is translated; LibreTranslate's `supportedFilesFormat` lists the keys.

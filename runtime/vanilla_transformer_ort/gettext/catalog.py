@@ -1,7 +1,7 @@
 """Machine pre-translation of gettext catalogs: read .pot/.po/.mo with polib, fill the untranslated entries (plural
 forms included) through `protected_translation.translate_protected`, mark them fuzzy, write a .po atomically.
 
-Torch-free: the translation itself is any `translate_batch(list[str]) -> list[str]` (see po_cli.py).
+Torch-free: the translation itself is any `translate_batch(list[str]) -> list[str]` (see cli.py).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import polib
 
-from .placeholders import unknown_flags
+from ..placeholders import unknown_flags
+from ..protected_translation import DEFAULT_RETRY, DEFAULT_STYLE, Result, translate_protected
 from .plural_forms import default_plural_forms, parse_plural_forms, singular_forms
-from .protected_translation import DEFAULT_RETRY, DEFAULT_STYLE, Result, translate_protected
 
 GENERATOR = "vt-translate-po 0.1.0 (vanilla-transformer)"
 MO_MAGIC = (b"\xde\x12\x04\x95", b"\x95\x04\x12\xde")
@@ -210,8 +210,9 @@ def pretranslate(
 
     Every selected entry's texts (msgid, and msgid_plural for plural entries) go through `translate_protected`;
     an entry whose placeholders did not survive every attempt stays untranslated and is listed in the report.
-    `protection=False` sends the raw text and writes whatever comes back: the baseline of benchmarks/po_quality.py,
-    not for catalogs anyone ships. `progress(done, total)` is called after each chunk of entries.
+    `protection=False` sends the raw text and writes whatever comes back: the baseline of
+    benchmarks/quality/po_quality.py, not for catalogs anyone ships. `progress(done, total)` is called after each
+    chunk of entries.
     """
     path = Path(path)
     check_flags(catalog, path)

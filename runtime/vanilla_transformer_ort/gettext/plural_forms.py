@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from .languages import primary_subtag
+from ..languages import primary_subtag
 
 # Plural-Forms of common languages (GNU gettext manual, "Plural forms"; the CLDR rules as gettext writes them).
 PLURAL_FORMS = {

@@ -11,6 +11,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from ..cli_common import make_parser, positive_int, run_cli
+from ..contract import CONFIG_FILE, ENCODER_FILE
+from ..folder import ExportFolder
+from ..languages import check_target_language
+from ..layouts import PYTORCH, UNKNOWN, detect_layout
+from ..placeholders import STYLES
+from ..protected_translation import DEFAULT_RETRY, DEFAULT_STYLE, STRATEGIES
 from .catalog import (
     CatalogError,
     check_flags,
@@ -22,13 +29,6 @@ from .catalog import (
     translatable_entries,
     write_catalog,
 )
-from .cli_common import make_parser, positive_int, run_cli
-from .contract import CONFIG_FILE, ENCODER_FILE
-from .folder import ExportFolder
-from .languages import check_target_language
-from .layouts import PYTORCH, UNKNOWN, detect_layout
-from .placeholders import STYLES
-from .protected_translation import DEFAULT_RETRY, DEFAULT_STYLE, STRATEGIES
 
 VERSION = "0.1.0"
 PROG = "vt-translate-po"
@@ -115,7 +115,7 @@ def check_model_folder(folder: str) -> ExportFolder | Path:
 def load_translate_batch(model: ExportFolder | Path, num_beams: int | None, threads: int, provider: str) -> Callable:
     """`translate_batch` over an ONNX export (onnxruntime) or a model folder (a registered backend)."""
     if isinstance(model, ExportFolder):
-        from .translator import OrtTranslator
+        from ..translator import OrtTranslator
 
         translator = OrtTranslator(model, provider=provider, intra_op_num_threads=threads)
         return lambda batch: translator.translate(list(batch), num_beams=num_beams)
