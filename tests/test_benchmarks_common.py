@@ -1,5 +1,7 @@
 """The benchmark harness's pure functions: statistics, interleaving, FLOP counting, tables (never timings)."""
 
+import json
+
 import pytest
 
 from benchmarks import common
@@ -91,41 +93,13 @@ def test_marian_vocabulary_layout():
     assert len(set(vocab)) == 10
 
 
-def test_attention_speed_variants_feed_the_backend_as_named():
-    """`benchmarks.attention_speed`: the package's variant never calls the sdpa backend under CPU autocast; the
-    'before' variant feeds it fp32 with autocast off; the third feeds it bf16 as it is; the package path is back
-    after each block."""
-    import torch
-    from transformers.integrations import sdpa_attention
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    from benchmarks import attention_speed
-    from tests.conftest import make_model, padded_batch
-    from vanilla_transformer.model import attention as attention_module
-
-    model = make_model(seed=0)
-    model.set_attn_implementation("sdpa")
-    ids, mask = padded_batch()
-    seen = []
-
-    def spy(module, query, key, value, attention_mask, **kwargs):
-        seen.append((query.dtype, torch.is_autocast_enabled("cpu")))
-        return sdpa_attention.sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-    saved, package = ALL_ATTENTION_FUNCTIONS["sdpa"], attention_module.attention
-    ALL_ATTENTION_FUNCTIONS["sdpa"] = spy
-    try:
-        for name in (attention_speed.PACKAGE, attention_speed.FP32_FLASH, attention_speed.BF16_FLASH):
-            seen.clear()
-            with attention_speed.variant(name), torch.autocast("cpu", dtype=torch.bfloat16):
-                model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :5])
-            assert attention_module.attention is package
-            expected = {
-                attention_speed.PACKAGE: set(),
-                attention_speed.FP32_FLASH: {(torch.float32, False)},
-                attention_speed.BF16_FLASH: {(torch.bfloat16, True)},
-            }[name]
-            calls = model.config.encoder_layers + 2 * model.config.decoder_layers  # self- and cross-attention
-            assert set(seen) == expected and (name == attention_speed.PACKAGE or len(seen) == calls), (name, seen)
-    finally:
-        ALL_ATTENTION_FUNCTIONS["sdpa"] = saved
+def test_save_results_writes_the_one_schema_by_name_or_path(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path / "results")
+    fields = {"machine": {"cpu": "x"}, "settings": {"rounds": 2}, "results": {"row": {"median": 1.5}}}
+    payload = common.save_results("demo", "generate_speed", ["--rounds", "2"], **fields)
+    command = "python -m benchmarks.generate_speed --rounds 2"
+    assert payload == {"benchmark": "generate_speed", "command": command, **fields}
+    assert json.loads((tmp_path / "results" / "demo.json").read_text()) == payload
+    assert common.save_results(tmp_path / "elsewhere" / "x.json", "memory", [], **fields)["benchmark"] == "memory"
+    assert (tmp_path / "elsewhere" / "x.json").is_file()
+    assert "wrote" in capsys.readouterr().out

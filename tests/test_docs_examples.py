@@ -1,4 +1,5 @@
-"""Every code block in README.md and the documentation (docs/**/*.md) runs, or says by name why it does not.
+"""Every code block in README.md, the documentation (docs/**/*.md) and benchmarks/README.md runs, or says by name why
+it does not.
 
 - ```python blocks run, one page at a time in one process and in page order (a later block may use what an earlier
   one saved), in a folder holding tiny stand-ins for the folders the docs name.
@@ -12,8 +13,6 @@ A block is steered by an HTML comment on the line just before its fence:
     <!-- docs-test: setup=tiny_model -->  run after `my-transformer/` and `runs/demo/` are made (a tiny model)
     <!-- docs-test: setup=tiny_onnx -->   also `runs/demo-onnx/` (its ONNX export)
     <!-- docs-test: run -->               run a bash block too (combine: `setup=tiny_onnx run`)
-
-Pages included with `--8<-- "path"` are read in place; their blocks are listed in INCLUDED_NOT_RUN.
 """
 
 from __future__ import annotations
@@ -33,15 +32,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 MARKER = re.compile(r"<!--\s*docs-test:\s*(.*?)\s*-->")
 FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
-INCLUDE = re.compile(r'^--8<--\s+"([^"]+)"\s*$')
-# Files the site includes whole: they document commands on the reader's own model folders and on benchmark work
-# folders (minutes each); their flags are checked, their blocks not run.
-INCLUDED_NOT_RUN = {
-    "benchmarks/README.md": "benchmarks run for minutes each; flags checked",
-}
 # README.md's Python blocks are run by tests/test_readme.py, which also checks its two commands.
 RUN_ELSEWHERE = {"README.md": "run by tests/test_readme.py"}
 SCRIPT_COMMANDS = {"scripts": "vt-{}", "export": "vt-{}"}
@@ -68,7 +61,7 @@ class Block:
     def skip_reason(self) -> str | None:
         if self.marker.startswith("skip"):
             return self.marker[4:].strip() or "no reason given"
-        return INCLUDED_NOT_RUN.get(self.page)
+        return None
 
     @property
     def setup(self) -> str | None:
@@ -82,9 +75,7 @@ def read_blocks(path: Path) -> list[Block]:
     index, marker = 0, ""
     while index < len(lines):
         line = lines[index]
-        if INCLUDE.match(line):
-            blocks += read_blocks(ROOT / INCLUDE.match(line).group(1))
-        elif MARKER.search(line):
+        if MARKER.search(line):
             marker = MARKER.search(line).group(1)
         elif FENCE.match(line):
             indent, lang = FENCE.match(line).groups()
@@ -223,8 +214,8 @@ def test_excluded_blocks_are_named():
 
 
 def test_every_bash_block_is_run_or_marked():
-    """Outside the included files, a bash block either runs (`run`) or says why not (`skip REASON`)."""
-    silent = [block.name for block in BASH if "run" not in block.marker.split() and not block.skip_reason]
+    """A bash block either runs (`run`) or says why not (`skip REASON`)."""
+    silent = [block.name for block in BASH if not runs_bash(block) and not block.skip_reason]
     assert not silent, f"bash blocks neither marked `run` nor `skip REASON`: {silent}"
 
 
@@ -364,10 +355,15 @@ def test_flag_check_catches_a_wrong_flag_and_command():
     assert flag_problems("vt-gone --x\n", helps) == ["vt-gone: no such command"]
 
 
+def runs_bash(block: Block) -> bool:
+    """Marked `run`, and not skipped: a skip reason may contain the word ("benchmarks run for minutes")."""
+    return block.skip_reason is None and "run" in block.marker.split()
+
+
 RUN_BASH = [
     pytest.param(block, id=block.name, marks=[pytest.mark.slow] if needs_onnx(block) else [])
     for block in BASH
-    if "run" in block.marker.split()
+    if runs_bash(block)
 ]
 
 
@@ -381,13 +377,12 @@ def test_marked_bash_blocks_run(block, tmp_path, tiny_folders):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_parser_reads_fences_markers_and_includes():
+def test_parser_reads_fences_and_markers():
     """The extraction itself, on a page written here."""
     page = ROOT / "docs" / "index.md"
     blocks = read_blocks(page)
     assert blocks and all(block.page == "docs/index.md" for block in blocks)
-    benchmarks = read_blocks(ROOT / "docs" / "benchmarks.md")
-    assert any(block.page == "benchmarks/README.md" for block in benchmarks)  # the --8<-- include was followed
+    assert any(block.page == "benchmarks/README.md" for block in BASH)  # the benchmarks' commands are checked too
     assert command_and_flags(shlex.split("python scripts/train.py --max_steps 5")) == (
         "vt-train",
         ["--max_steps", "5"],

@@ -373,6 +373,31 @@ def test_model_under_cpu_autocast_scores_alike_with_sdpa_and_eager_and_near_fp32
     assert cosine > 0.99, cosine
 
 
+def test_model_under_cpu_autocast_never_calls_the_sdpa_backend(monkeypatch):
+    """With `attn_implementation="sdpa"`, every self- and cross-attention of a forward under CPU bf16 autocast runs
+    the bf16 formula (short keys): transformers' sdpa backend is never called. Without autocast the same model calls
+    it once per attention with fp32 inputs, which shows the spy sits where the model dispatches."""
+    from transformers.integrations import sdpa_attention
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    model = make_model(seed=0)
+    model.set_attn_implementation("sdpa")
+    ids, mask = padded_batch()
+    seen = []
+
+    def spy(module, query, key, value, attention_mask, **kwargs):
+        seen.append((query.dtype, torch.is_autocast_enabled("cpu")))
+        return sdpa_attention.sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", spy)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :5])
+    assert seen == []
+    model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :5])
+    calls = model.config.encoder_layers + 2 * model.config.decoder_layers  # self- and cross-attention
+    assert seen == [(torch.float32, False)] * calls
+
+
 def test_attention_under_cpu_autocast_leaves_long_keys_to_the_backend_in_fp32():
     """Beyond `MATH_ATTENTION_MAX_KEYS` keys the bf16 formula is not used (the fp32 kernel is as fast there and never
     holds the weights): the backend gets fp32 inputs with autocast off, as for a backend without a formula."""

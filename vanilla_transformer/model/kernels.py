@@ -262,11 +262,10 @@ class _ReLUDropout(torch.autograd.Function):
 def relu_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """dropout(max(0, x), p): the FFN's ReLU and the dropout after it (§3.3; the dropout is not in the paper).
 
-    In eager CPU training the two run as one autograd node (`_ReLUDropout`) with `keep_mask`'s masks: in a `small`
-    bf16 step the ReLU's dropout took +1.6 % against +5.6 % with a bool mask after a separate ReLU (`python -m
-    benchmarks.dropout_speed --rounds 30`), and about 4 % interleaved over varied batch shapes: the random draw
-    itself, torch's serial CPU generator (docs/training.md, "Where the ReLU dropout's step cost lies"). Elsewhere it
-    is `dropout(relu(x))` as written.
+    In eager CPU training the two run as one autograd node (`_ReLUDropout`) with `keep_mask`'s masks, cheaper than a
+    bool mask after a separate ReLU; what remains is the random draw itself, torch's serial CPU generator
+    (docs/training.md, "Where the ReLU dropout's step cost lies"; measured in docs/experiments/dropout.md).
+    Elsewhere it is `dropout(relu(x))` as written.
     """
     if not training or p == 0.0:
         return torch.relu(x)

@@ -128,7 +128,7 @@ class MainJobArguments:
     )
 
 
-ONNX_RESERVE_S = 20.0  # kept back for the ONNX export and its examples (11.6-15.1 s measured on 2 cores)
+ONNX_RESERVE_S = 20.0  # kept back for the ONNX export and its examples (docs/main-job.md)
 
 
 def checkpoint_steps(save_steps: int | None, average_checkpoints: int) -> int:

@@ -50,8 +50,7 @@ def write_cache_reorder_graph(output_dir: Path) -> Path:
 
 
 # Block size of the beam-scores graph's two-stage top k (`beam_scores_block_size`): the divisor of the vocabulary
-# closest to this. Measured with onnxruntime 1.32 on the 2-core development machine (benchmarks/README.md): 64
-# beat 32 and 125-128 at both 128 rows x 8,000 and 64 rows x 32,000.
+# closest to this, the fastest of the block sizes measured (docs/experiments/speed-log.md).
 PREFERRED_SCORE_BLOCK = 64
 
 
@@ -173,8 +172,7 @@ def write_beam_scores_graph(output_dir: Path, block_size: int | None | str = "au
     Where the vocabulary has a divisor B near 64 (`beam_scores_block_size`; `block_size="auto"`), the top k is taken
     in two stages with the same results to the bit: the maximum of each block of B candidates, the k best blocks,
     then the top k of those blocks' k x B candidates. onnxruntime's `TopK` visits candidates one at a time and the
-    block maximum is vectorised: the ranking step took 31-41% less time, a beam-4 generation 2-6%
-    (benchmarks/README.md).
+    block maximum is vectorised, so the ranking step takes less time (docs/experiments/speed-log.md).
     """
     import onnx
 

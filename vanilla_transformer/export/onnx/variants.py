@@ -192,7 +192,7 @@ def quantize_activations_per_row(path: Path) -> int:
 
     An earlier formulation (scale (max - min) / 254 per row, q = round((x - min) / scale), min x colsum(W) added
     back after the product) ran 11 operators, two of them over the product's (rows, N) output; the A/B is in
-    benchmarks/README.md (item 20).
+    docs/experiments/speed-log.md.
     """
     import onnx
     from onnx import TensorProto, helper, numpy_helper

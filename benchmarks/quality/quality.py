@@ -1,15 +1,9 @@
 """Quality bar: this package's Transformer against transformers' MarianMTModel with the same dimensions, tokenizer,
-data, recipe and number of steps; sacreBLEU/chrF on the test split with beam 4 (length penalty 0.6), for each seed.
+data, recipe and steps; sacreBLEU/chrF on the test split, beam 4, per seed, into `<output_dir>/quality.json`. Recipes:
+`package` (the paper's Adam and schedule, label smoothing 0.1, token-budget batches) or `reference` (transformers'
+inverse-square-root schedule to 1e-3 after 500 steps, Adam β2 0.98, ε 1e-9, clipping 1.0, 64 pairs a batch by length).
 
-Two recipes: `package` (this package's: the paper's Adam and noam schedule with --warmup_steps/--learning_rate,
-label smoothing 0.1, token-budget batches of --max_tokens) and `reference` (a plain transformers recipe: Adam β2 0.98,
-ε 1e-9, peak 1e-3 on the inverse-square-root schedule after 500 warmup steps, label smoothing 0.1, gradient clipping
-1.0, batches of 64 pairs grouped by length).
-
-    python -m benchmarks.quality --preset small --steps 2000 --recipe reference --seeds 0 1
-    python -m benchmarks.quality --preset small --steps 2000 --recipe package --warmup_steps 500 --learning_rate 2e-3
-
-This is a benchmark, not a test: it takes minutes to hours depending on --steps and --preset.
+    python -m benchmarks.quality.quality --preset small --steps 2000 --recipe reference --seeds 0 1
 """
 
 from __future__ import annotations
@@ -21,55 +15,45 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import MarianConfig, MarianMTModel, Seq2SeqTrainingArguments
+from transformers import MarianMTModel, Seq2SeqTrainingArguments
 from transformers.utils import logging
 
+from benchmarks import common
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.inference import evaluate_translations
+from vanilla_transformer.marian.exporter import marian_config_from
 from vanilla_transformer.training.data import DataArguments, load_parallel_data, tokenize_parallel
 from vanilla_transformer.training.experiment import build_trainer, parse_config_overrides, set_generation_defaults
 from vanilla_transformer.training.recipe import RecipeArguments, apply_paper_recipe
 from vanilla_transformer.training.tokenization import train_bpe_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def build(kind: str, config: VanillaTransformerConfig, seed: int):
-    """Our model, or a MarianMTModel with the same dimensions, ids, dropout, post-LN, scaled and shared embeddings."""
+    """Our model, or a freshly initialised MarianMTModel computing the same function (`marian_config_from`)."""
     torch.manual_seed(seed)
     if kind == "vanilla":
         return VanillaTransformerForConditionalGeneration(config)
-    marian = MarianConfig(
-        vocab_size=config.vocab_size, decoder_vocab_size=config.vocab_size, d_model=config.d_model,
-        encoder_layers=config.encoder_layers, decoder_layers=config.decoder_layers,
-        encoder_attention_heads=config.encoder_attention_heads, decoder_attention_heads=config.decoder_attention_heads,
-        encoder_ffn_dim=config.encoder_ffn_dim, decoder_ffn_dim=config.decoder_ffn_dim, dropout=config.dropout,
-        attention_dropout=config.attention_dropout, activation_dropout=config.activation_dropout,
-        activation_function="relu", max_position_embeddings=config.max_position_embeddings, scale_embedding=True,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=True, pad_token_id=config.pad_token_id,
-        eos_token_id=config.eos_token_id, decoder_start_token_id=config.decoder_start_token_id,
-        forced_eos_token_id=config.eos_token_id,
-    )  # fmt: skip
+    marian = marian_config_from(config, max_positions=config.max_position_embeddings)
+    marian.forced_eos_token_id = config.eos_token_id
     return MarianMTModel(marian)
 
 
 def recipe_arguments(args, output_dir: Path, seed: int, d_model: int):
     """Trainer arguments and recipe of `--recipe` (see the module docstring)."""
-    common = dict(
+    shared = dict(
         output_dir=str(output_dir), max_steps=args.steps, seed=seed, logging_steps=50, save_strategy="no",
         report_to="none", use_cpu=not torch.cuda.is_available(), disable_tqdm=False,
     )  # fmt: skip
     if args.recipe == "reference":
         training_args = Seq2SeqTrainingArguments(
-            **common, learning_rate=1e-3, lr_scheduler_type="inverse_sqrt", warmup_steps=500, adam_beta2=0.98,
+            **shared, learning_rate=1e-3, lr_scheduler_type="inverse_sqrt", warmup_steps=500, adam_beta2=0.98,
             adam_epsilon=1e-9, weight_decay=0.0, label_smoothing_factor=0.1, max_grad_norm=1.0,
             per_device_train_batch_size=args.batch_size, train_sampling_strategy="group_by_length",
         )  # fmt: skip
-        return training_args, RecipeArguments(
-            paper_recipe=False, lr_schedule="trainer", max_tokens=None, length_penalty=0.6
-        )
+        return training_args, RecipeArguments(paper_recipe=False, lr_schedule="trainer", max_tokens=None,
+                                              length_penalty=0.6)  # fmt: skip
     training_args = Seq2SeqTrainingArguments(
-        **common, warmup_steps=args.warmup_steps, learning_rate=args.learning_rate
+        **shared, warmup_steps=args.warmup_steps, learning_rate=args.learning_rate
     )
     recipe = RecipeArguments(max_tokens=args.max_tokens)
     apply_paper_recipe(training_args, recipe, d_model, explicit={"warmup_steps", "learning_rate"})
@@ -78,8 +62,8 @@ def recipe_arguments(args, output_dir: Path, seed: int, d_model: int):
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data_dir", default=str(ROOT.parent / "shared" / "data" / "gettext-en-de"))
-    parser.add_argument("--output_dir", default=str(ROOT / "outputs" / "quality"))
+    parser.add_argument("--data_dir", default=str(common.ROOT.parent / "shared" / "data" / "gettext-en-de"))
+    parser.add_argument("--output_dir", default=str(common.ROOT / "outputs" / "quality"))
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--config_overrides", default=None)
     parser.add_argument("--vocab_size", type=int, default=8000)
@@ -99,14 +83,9 @@ def main(argv: list[str] | None = None) -> dict:
     output = Path(args.output_dir)
     data_dir = Path(args.data_dir)
 
-    data = load_parallel_data(
-        DataArguments(
-            train_file=str(data_dir / "train.tsv"),
-            validation_file=str(data_dir / "valid.tsv"),
-            test_file=str(data_dir / "test.tsv"),
-            max_predict_samples=args.max_test_samples,
-        )  # fmt: skip
-    )
+    files = {f"{split}_file": str(data_dir / f"{name}.tsv") for split, name in
+             (("train", "train"), ("validation", "valid"), ("test", "test"))}  # fmt: skip
+    data = load_parallel_data(DataArguments(**files, max_predict_samples=args.max_test_samples))
     texts = (t for pair in zip(data["train"]["source"], data["train"]["target"], strict=True) for t in pair)
     tokenizer = train_bpe_tokenizer(texts, vocab_size=args.vocab_size)
     train, _ = tokenize_parallel(data["train"], tokenizer, args.max_length, args.max_length)
@@ -135,17 +114,14 @@ def main(argv: list[str] | None = None) -> dict:
             print(json.dumps(run), flush=True)
             runs.append(run)
 
-    summary = {"settings": vars(args), "test_pairs": len(data["test"]), "runs": runs, "mean": {}}
-    for kind in args.models:
-        mine = [r for r in runs if r["model"] == kind]
-        summary["mean"][kind] = {m: round(statistics.mean(r[m] for r in mine), 2) for m in ("bleu", "chrf")}
-    output.mkdir(parents=True, exist_ok=True)
-    (output / "quality.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print("\n| model | seed | BLEU | chrF | train loss | train s |\n|---|---|---|---|---|---|")
-    for r in runs:
-        print(f"| {r['model']} | {r['seed']} | {r['bleu']} | {r['chrf']} | {r['train_loss']} | {r['train_s']} |")
-    print(json.dumps(summary["mean"]))
-    return summary
+    mean = {kind: {m: round(statistics.mean(r[m] for r in runs if r["model"] == kind), 2) for m in ("bleu", "chrf")}
+            for kind in args.models}  # fmt: skip
+    keys = ["model", "seed", "bleu", "chrf", "train_loss", "train_s"]
+    print(common.format_table(keys, [[r[key] for key in keys] for r in runs]))
+    print(json.dumps(mean))
+    results = {"test_pairs": len(data["test"]), "runs": runs, "mean": mean}
+    return common.save_results(output / "quality.json", "quality.quality", argv, settings=vars(args), results=results,
+                               machine=common.machine_info(torch.get_num_threads()))  # fmt: skip
 
 
 if __name__ == "__main__":
