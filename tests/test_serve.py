@@ -424,6 +424,53 @@ def test_full_queue_answers_429_and_timeout_503():
     assert second.status_code == 503 and "within 0.5 s" in second.json()["error"]
 
 
+def test_admission_control_refuses_the_excess_at_once_and_finishes_what_it_accepts():
+    """At 0.3 s a segment (one session, one segment a batch) the service rate is about 3.3 segments/s: with
+    max_queue_seconds 0.5, a request behind a queued segment would start 0.9 s later, so it is a 503 at once, with a
+    Retry-After that covers the excess; the accepted requests are answered; a request that finds the queue empty is
+    always admitted; /metrics counts the refusal and shows the expected wait."""
+    service = make_service(delay=0.3, max_batch_size=1, max_queue_seconds=0.5, request_timeout=10)
+
+    async def scenario(client):
+        warm = await post(client, q="a")  # the first batch: the service rate is measured from here on
+        first = asyncio.create_task(post(client, q="a b c"))  # running at once
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(post(client, q="c"))  # the queue was empty: admitted
+        await asyncio.sleep(0.05)
+        started = time.perf_counter()
+        refused = await post(client, q=["e", "f"])
+        refused_after = time.perf_counter() - started
+        metrics = (await client.get("/metrics")).text
+        return warm, refused, refused_after, await first, await second, metrics
+
+    warm, refused, refused_after, first, second, metrics = run_app(service, scenario)
+    assert warm.status_code == first.status_code == second.status_code == 200
+    assert refused.status_code == 503 and "at capacity" in refused.json()["error"]
+    assert refused.headers["retry-after"] == "1"  # ceil(0.9 s expected - 0.5 s allowed)
+    assert refused_after < 0.1  # answered at once, not after a wait
+    assert _metric(metrics, 'vt_rejected_requests_total{reason="overloaded"}') == 1
+    assert _metric(metrics, "vt_expected_wait_seconds") >= 0
+
+
+def test_the_service_rate_follows_the_batches():
+    """The scheduler's rate estimate: sessions / smoothed seconds per segment, None before any batch."""
+    from vanilla_transformer_ort.serve.batching import SERVICE_RATE_SMOOTHING, BatchScheduler
+
+    class TwoSessions:
+        translators = [object(), object()]
+
+    scheduler = BatchScheduler(TwoSessions(), max_queue_seconds=1.0)
+    assert scheduler.service_rate is None and scheduler.expected_wait(5) is None
+    scheduler._measure(segments=4, seconds=2.0)  # 0.5 s a segment on each of 2 sessions: 4 segments/s
+    assert scheduler.service_rate == pytest.approx(4.0)
+    scheduler._measure(segments=1, seconds=1.5)
+    per_segment = 0.5 + SERVICE_RATE_SMOOTHING * (1.5 - 0.5)
+    assert scheduler.service_rate == pytest.approx(2 / per_segment)
+    assert scheduler.expected_wait(3) == pytest.approx(3 * per_segment / 2)
+    with pytest.raises(ValueError, match="max_queue_seconds must be > 0"):
+        BatchScheduler(TwoSessions(), max_queue_seconds=0)
+
+
 def test_a_client_that_goes_away_leaves_the_batch_to_the_others(oracle):
     service = make_service(delay=0.2, max_wait_ms=30)
 

@@ -230,8 +230,8 @@ def _check_api_key(fields: dict[str, Any], keys: frozenset[str]) -> None:
 # -- the app ------------------------------------------------------------------------------------------------------
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    headers = {"Retry-After": "1"} if status in (429, 503) else None
+def _error(status: int, message: str, retry_after: int | None = None) -> JSONResponse:
+    headers = {"Retry-After": str(retry_after or 1)} if status in (429, 503) else None
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
@@ -305,7 +305,7 @@ def create_app(service: TranslationService) -> FastAPI:
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, error: RequestError):
-        return _error(error.status, error.message)
+        return _error(error.status, error.message, error.retry_after)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException):

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,9 +30,21 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
+# Weight of the newest batch in the service rate's moving average: about the last ten batches count.
+SERVICE_RATE_SMOOTHING = 0.2
+
 
 class QueueFull(Exception):
     """The queue holds `max_queue` segments already: the caller should answer 429."""
+
+
+class Overloaded(Exception):
+    """The queued work would take longer than `max_queue_seconds` at the measured service rate: the caller should
+    answer 503 at once, with `retry_after` (seconds) as the Retry-After header."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ShuttingDown(Exception):
@@ -120,6 +133,10 @@ class BatchScheduler:
         max_wait_ms: how long the oldest queued segment may wait for company before its batch starts, while
             another batch runs (with every session idle, a batch starts at once).
         max_queue: queued segments beyond which `submit` raises `QueueFull`.
+        max_queue_seconds: admission control: `submit` raises `Overloaded` when the queued segments and the new
+            request's would take longer than this to start at the measured service rate (`service_rate`), so that
+            what is accepted is answered in bounded time and the excess is refused at once instead of queueing
+            without bound. None: only `max_queue` bounds the queue.
         cross_request: False keeps each request's segments in batches of their own (batching off, for comparison).
         on_batch: called on the event loop with each batch's `BatchStats`.
     """
@@ -132,6 +149,7 @@ class BatchScheduler:
         max_batch_size: int = 64,
         max_wait_ms: float = 5.0,
         max_queue: int = 2048,
+        max_queue_seconds: float | None = None,
         cross_request: bool = True,
         on_batch: Callable[[BatchStats], None] | None = None,
     ):
@@ -144,11 +162,15 @@ class BatchScheduler:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        if max_queue_seconds is not None and max_queue_seconds <= 0:
+            raise ValueError(f"max_queue_seconds must be > 0, got {max_queue_seconds}")
         self.engine = engine
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait_ms / 1000
         self.max_queue = max_queue
+        self.max_queue_seconds = max_queue_seconds
+        self._segment_seconds: float | None = None  # smoothed session-seconds per segment of the recent batches
         self.cross_request = cross_request
         self.on_batch = on_batch
         self._queue: list[_Segment] = []
@@ -169,6 +191,26 @@ class BatchScheduler:
     def busy_sessions(self) -> int:
         return len(self._running)
 
+    @property
+    def service_rate(self) -> float | None:
+        """Segments per second that all sessions together finish, from the recent batches (an exponential moving
+        average of each batch's seconds per segment, times the sessions); None before the first batch."""
+        if self._segment_seconds is None:
+            return None
+        return len(self.engine.translators) / self._segment_seconds
+
+    def expected_wait(self, segments: int = 0) -> float | None:
+        """Seconds until the queued segments, and `segments` more, have started, at `service_rate`."""
+        rate = self.service_rate
+        return None if rate is None else (len(self._queue) + segments) / rate
+
+    def _measure(self, segments: int, seconds: float) -> None:
+        per_segment = seconds / segments
+        previous = self._segment_seconds
+        self._segment_seconds = (
+            per_segment if previous is None else previous + SERVICE_RATE_SMOOTHING * (per_segment - previous)
+        )
+
     async def start(self) -> None:
         """Start the scheduler on the running event loop (one worker thread per session)."""
         workers = len(self.engine.translators)
@@ -180,12 +222,19 @@ class BatchScheduler:
         self._task = asyncio.create_task(self._schedule(), name="vt-batch-scheduler")
 
     def submit(self, texts: list[str]) -> list[asyncio.Future]:
-        """Queue one request's segments; returns a future per segment (its translation). Raises `QueueFull` or
-        `ShuttingDown`; nothing is queued then."""
+        """Queue one request's segments; returns a future per segment (its translation). Raises `QueueFull`,
+        `Overloaded` or `ShuttingDown`; nothing is queued then. A request that finds the queue empty is always
+        admitted, however long it is (it is refused by its size limits, not by the rate)."""
         if self._closing or self._task is None:
             raise ShuttingDown("the server is shutting down")
         if len(self._queue) + len(texts) > self.max_queue:
             raise QueueFull(f"the queue holds {len(self._queue)} of {self.max_queue} segments; retry shortly")
+        wait = self.expected_wait(len(texts))
+        if self.max_queue_seconds is not None and wait is not None and wait > self.max_queue_seconds and self._queue:
+            raise Overloaded(
+                f"the queued work takes {wait:.1f} s at the measured rate, over {self.max_queue_seconds:g} s",
+                retry_after=max(1, math.ceil(wait - self.max_queue_seconds)),
+            )
         loop = asyncio.get_running_loop()
         request = next(self._requests)
         now = time.monotonic()
@@ -292,6 +341,7 @@ class BatchScheduler:
                 if not segment.future.done():
                     segment.future.set_exception(error)
         else:
+            self._measure(len(batch), time.perf_counter() - started)
             for segment, text in zip(batch, texts, strict=True):
                 if not segment.future.done():  # its request may have gone away meanwhile
                     segment.future.set_result(text)

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from ..placeholders import protect, restore
 from ..protected_translation import DEFAULT_RETRY, DEFAULT_STYLE, translate_protected
-from .batching import BatchScheduler, BatchStats, Engine, QueueFull, SessionLost, ShuttingDown
+from .batching import BatchScheduler, BatchStats, Engine, Overloaded, QueueFull, SessionLost, ShuttingDown
 from .models import ModelSpec, batch_dependent, language_name
 from .settings import ServeSettings
 from .text import join, split
@@ -28,10 +28,11 @@ T = TypeVar("T")
 class RequestError(Exception):
     """A client error: `status` and a one-line message, answered as LibreTranslate does (`{"error": message}`)."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, retry_after: int | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.retry_after = retry_after  # seconds, for the Retry-After header of a 429 or 503
 
 
 @dataclass
@@ -79,6 +80,17 @@ class Metrics:
         )
         self.queue_depth = Gauge("vt_queue_depth", "Segments waiting for a batch, all pairs.", registry=self.registry)
         self.busy_sessions = Gauge("vt_busy_sessions", "Sessions running a batch, all pairs.", registry=self.registry)
+        self.rejected = Counter(
+            "vt_rejected_requests",
+            "Requests refused before any work: queue_full (429), overloaded (503, admission control).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.expected_wait = Gauge(
+            "vt_expected_wait_seconds",
+            "Longest time, over the pairs, until the queued segments have started, at the measured service rate.",
+            registry=self.registry,
+        )
 
         self.untranslated = Counter(
             "vt_untranslated_segments",
@@ -157,6 +169,7 @@ class TranslationService:
                 max_batch_size=self.settings.max_batch_size,
                 max_wait_ms=self.settings.max_wait_ms,
                 max_queue=self.settings.max_queue,
+                max_queue_seconds=self.settings.max_queue_seconds,
                 cross_request=self.settings.batching,
                 on_batch=self.metrics.observe_batch,
             )
@@ -188,6 +201,9 @@ class TranslationService:
     def update_gauges(self) -> None:
         self.metrics.queue_depth.set(sum(p.scheduler.queue_depth for p in self.pairs.values()))
         self.metrics.busy_sessions.set(sum(p.scheduler.busy_sessions for p in self.pairs.values()))
+        self.metrics.expected_wait.set(
+            max((p.scheduler.expected_wait() or 0.0 for p in self.pairs.values()), default=0)
+        )
 
     # -- languages ----------------------------------------------------------------------------------------------
 
@@ -252,7 +268,11 @@ class TranslationService:
         try:
             futures = pair.scheduler.submit(segments)
         except QueueFull as error:
+            self.metrics.rejected.labels("queue_full").inc()
             raise RequestError(429, f"too many requests are waiting ({error}); slow down") from None
+        except Overloaded as error:
+            self.metrics.rejected.labels("overloaded").inc()
+            raise RequestError(503, f"the server is at capacity ({error}); retry later", error.retry_after) from None
         except ShuttingDown:
             raise RequestError(503, "the server is shutting down; retry on another instance") from None
         self.update_gauges()

@@ -24,9 +24,12 @@ class ServeSettings:
 
     Limits answer LibreTranslate's statuses: a text over `char_limit` characters is a 400, more than `max_texts`
     texts or a body over `max_body_bytes` a 413, a full queue (`max_queue` segments waiting) a 429, a request not
-    answered within `request_timeout` seconds a 503. `sessions` onnxruntime sessions per model run batches side by
-    side (default: 2 where there are 2 cores or more), each on `threads` intra-op threads (default: the usable cores
-    shared out among the sessions): one batch's Python search steps overlap the other's kernels.
+    answered within `request_timeout` seconds a 503. Admission control: a request is a 503 at once, with a
+    Retry-After, when the work queued before it would take more than `max_queue_seconds` to start at the service
+    rate the server measures from its recent batches; what it accepts then starts within that bound. `sessions`
+    onnxruntime sessions per model run batches side by side (default: 2 where there are 2 cores or more), each on
+    `threads` intra-op threads (default: the usable cores shared out among the sessions): one batch's Python search
+    steps overlap the other's kernels.
     `session_workers` "process" (the default) runs each session in a process of its own, so that no session's search
     step waits for another's, or for the event loop, on one interpreter lock (both choices measured in
     docs/experiments/serving-runs.md). "thread" keeps the sessions in
@@ -42,6 +45,7 @@ class ServeSettings:
     max_body_bytes: int = 2 * 1024 * 1024
     max_queue: int = 4096
     request_timeout: float = 30.0
+    max_queue_seconds: float = 10.0
     max_batch_tokens: int = 4096
     max_batch_size: int = 64
     max_wait_ms: float = 5.0
@@ -71,6 +75,8 @@ class ServeSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.request_timeout <= 0:
             raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
+        if self.max_queue_seconds <= 0:
+            raise ValueError(f"max_queue_seconds must be > 0 seconds, got {self.max_queue_seconds}")
         if self.download_expiry <= 0:
             raise ValueError(f"download_expiry must be > 0 seconds, got {self.download_expiry}")
         if self.frontend_timeout < 0:
