@@ -187,6 +187,25 @@ def peak_rss_mib() -> float:
                 if line.startswith("VmHWM:"))  # fmt: skip
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and all its descendants (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    tree, stack = [], [pid]
+    while stack:
+        current = stack.pop()
+        tree.append(current)
+        stack.extend(children.get(current, []))
+    return tree
+
+
 def run_child(command: list[str], timeout: float = 1800) -> dict:
     """Run `command` from the repository root (a fresh interpreter, or another one); its last stdout line is JSON."""
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)

@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.common import DEFAULT_WORKDIR, ROOT, format_table, machine_info, save_results
+from benchmarks.common import DEFAULT_WORKDIR, ROOT, format_table, machine_info, process_tree, save_results
 
 SHARED = ROOT.parent / "shared" / "data" / "gettext-en-de"
 FIRST_STEP = re.compile(r"'loss': ")
@@ -82,25 +82,6 @@ def pss_anon_kib(pid: int) -> int:
     except (OSError, ValueError):
         pass
     return 0
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and all its descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(entry.name))
-    tree, stack = [], [pid]
-    while stack:
-        current = stack.pop()
-        tree.append(current)
-        stack.extend(children.get(current, []))
-    return tree
 
 
 def measure(command: list[str], env: dict[str, str], log: Path) -> dict[str, float]:

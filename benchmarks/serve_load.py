@@ -14,6 +14,12 @@ requests, the server's CPU use (process CPU seconds per wall second, all its thr
 a core at 128 clients, and that row then measured the generator). Results go to
 `benchmarks/results/serve_load.json`. Not a timed test.
 
+`--open_loop F ...` adds open-loop rows to the batching server: requests arrive as a Poisson stream at F times the
+capacity measured at the largest `--clients` level (each request its own task, not waiting for any other), for
+`--seconds` each, with `--paragraphs P` of them paragraphs (5 to 8 sentences joined) among the UI strings. Reported
+per row: offered and achieved requests/s, p50/p99/max latency of the answered requests (and of the one-line ones
+alone), refused requests (429/503) and how fast they were refused, and errors.
+
 Goals (2 cores, the main job's int8 export, beam 4): at 32 clients, sentences/s >= 4x batching off, and p99 latency
 <= 3x the single-request latency; no failed request at 128 clients.
 """
@@ -22,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import random
@@ -34,32 +39,22 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.common import process_tree, read_tsv
+
 DEFAULT_TEXTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "gettext-en-de" / "test.tsv"
 RESULTS = Path(__file__).resolve().parent / "results" / "serve_load.json"
 
 
-def read_sources(path: Path) -> list[str]:
-    lines = path.read_text(encoding="utf-8").splitlines()[1:]
-    return [line.split("\t")[0] for line in lines if line.strip()]
-
-
-def child_pids(pid: int) -> list[int]:
-    """The live children of a process (Linux /proc), e.g. the server's session processes."""
-    children = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        with contextlib.suppress(OSError):  # the thread ended meanwhile
-            children += [int(child) for child in task.read_text().split()]
-    return children
-
-
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process, its threads and its live children and theirs (Linux /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:  # it ended meanwhile
-        return 0.0
-    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return own + sum(cpu_seconds(child) for child in child_pids(pid))
+    """User + system CPU seconds of a process and its live descendants, threads included (Linux /proc)."""
+    total = 0.0
+    for member in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def start_server(model: str, port: int, extra: list[str]) -> subprocess.Popen:
@@ -126,6 +121,81 @@ async def drive(url: str, pair: tuple[str, str], texts: list[str], clients: int,
     }
 
 
+def arrival_times(rate: float, seconds: float, seed: int) -> list[float]:
+    """Offsets (seconds) of a Poisson stream of `rate` requests/s over `seconds`: exponential gaps."""
+    rng = random.Random(seed)
+    times, now = [], rng.expovariate(rate)
+    while now < seconds:
+        times.append(now)
+        now += rng.expovariate(rate)
+    return times
+
+
+def with_paragraphs(texts: list[str], share: float, count: int, seed: int) -> list[tuple[str, bool]]:
+    """`count` requests cycled from `texts`, a `share` of them paragraphs of 5-8 texts joined: (text, is_line)."""
+    rng = random.Random(seed)
+    requests = []
+    for index in range(count):
+        if rng.random() < share:
+            requests.append((" ".join(rng.choice(texts) for _ in range(rng.randint(5, 8))), False))
+        else:
+            requests.append((texts[(index * 7919) % len(texts)], True))
+    return requests
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else None
+
+
+async def open_loop(url: str, pair: tuple[str, str], texts: list[str], rate: float, seconds: float, share: float,
+                    seed: int) -> dict:  # fmt: skip
+    """Poisson arrivals at `rate` requests/s for `seconds`; every request is sent at its time, answered or not."""
+    times = arrival_times(rate, seconds, seed)
+    requests = with_paragraphs(texts, share, len(times), seed)
+    answered: list[tuple[float, bool]] = []  # (latency, is a one-line request)
+    refused: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=4096)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+
+        async def one(offset: float, text: str, is_line: bool) -> None:
+            nonlocal errors
+            await asyncio.sleep(max(0.0, offset - (time.perf_counter() - start)))
+            sent = time.perf_counter()
+            try:
+                answer = await client.post("/translate", json={"q": text, "source": pair[0], "target": pair[1]})
+            except httpx.HTTPError:
+                errors += 1
+                return
+            latency = time.perf_counter() - sent
+            if answer.status_code == 200:
+                answered.append((latency, is_line))
+            elif answer.status_code in (429, 503):
+                refused.append(latency)
+            else:
+                errors += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one(t, text, line) for t, (text, line) in zip(times, requests, strict=True)))
+        wall = time.perf_counter() - start
+    latencies = [latency for latency, _ in answered]
+    lines = [latency for latency, is_line in answered if is_line]
+    ms = lambda value: None if value is None else 1000 * value  # noqa: E731
+    return {
+        "offered_per_s": len(times) / seconds,
+        "achieved_per_s": len(answered) / wall,
+        "answered": len(answered),
+        "refused": len(refused),
+        "errors": errors,
+        "p50_ms": ms(percentile(latencies, 0.5)),
+        "p99_ms": ms(percentile(latencies, 0.99)),
+        "max_ms": ms(max(latencies, default=None)),
+        "lines_p99_ms": ms(percentile(lines, 0.99)),
+        "refused_p99_ms": ms(percentile(refused, 0.99)),
+    }
+
+
 def run_mode(args, name: str, extra: list[str], texts: list[str], port: int) -> list[dict]:
     url = f"http://127.0.0.1:{port}"
     process = start_server(args.model, port, extra)
@@ -149,6 +219,22 @@ def run_mode(args, name: str, extra: list[str], texts: list[str], port: int) -> 
                 f"CPU {row['cpu_cores']:.2f} cores (load generator {row['generator_cpu_cores']:.2f})",
                 flush=True,
             )
+        if name == "batching" and args.open_loop:
+            capacity = rows[-1]["sentences_per_s"]  # the largest --clients level
+            for fraction in args.open_loop:
+                row = asyncio.run(
+                    open_loop(url, pair, texts, fraction * capacity, args.seconds, args.paragraphs, seed=1)
+                )
+                row.update(mode="open loop", fraction=fraction, paragraphs=args.paragraphs)
+                rows.append(row)
+                print(
+                    f"open loop {fraction:4.0%} of {capacity:.0f}/s: offered {row['offered_per_s']:.1f}/s, achieved "
+                    f"{row['achieved_per_s']:.1f}/s, p50 {row['p50_ms'] or 0:.0f} ms, "
+                    f"p99 {row['p99_ms'] or 0:.0f} ms, "
+                    f"max {row['max_ms'] or 0:.0f} ms, one-line p99 {row['lines_p99_ms'] or 0:.0f} ms, refused "
+                    f"{row['refused']} (p99 {row['refused_p99_ms'] or 0:.0f} ms), errors {row['errors']}",
+                    flush=True,
+                )
         return rows
     finally:
         process.terminate()
@@ -168,10 +254,16 @@ def main(argv: list[str] | None = None) -> None:
         default="",
         help="extra vt-serve flags, e.g. '--sessions 2 --threads 1' (a single flag: --server_args=--no_batching)",
     )
+    parser.add_argument(
+        "--open_loop", type=float, nargs="*", default=[], help="Poisson arrivals at these fractions of capacity"
+    )
+    parser.add_argument(
+        "--paragraphs", type=float, default=0.0, help="share of open-loop requests that are paragraphs"
+    )
     parser.add_argument("--port", type=int, default=5077)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    texts = read_sources(args.texts)
+    texts = read_tsv(args.texts)[0]
     common_flags = ["--num_beams", str(args.num_beams), *args.server_args.split()]
     rows = run_mode(args, "batching", common_flags, texts, args.port)
     rows += run_mode(args, "batching off", [*common_flags, "--no_batching"], texts, args.port + 1)
@@ -181,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         "| speed-up | p99 / single | failed |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for clients in args.clients:
+    for clients in args.clients:  # the closed-loop levels
         on = next(r for r in rows if r["mode"] == "batching" and r["clients"] == clients)
         off = next(r for r in rows if r["mode"] == "batching off" and r["clients"] == clients)
         print(

@@ -103,3 +103,24 @@ def test_save_results_writes_the_one_schema_by_name_or_path(tmp_path, monkeypatc
     assert common.save_results(tmp_path / "elsewhere" / "x.json", "memory", [], **fields)["benchmark"] == "memory"
     assert (tmp_path / "elsewhere" / "x.json").is_file()
     assert "wrote" in capsys.readouterr().out
+
+
+def test_open_loop_arrivals_are_a_poisson_stream_with_the_share_of_paragraphs_asked():
+    """`benchmarks.serve_load`'s open loop: exponential gaps at the asked rate (mean and spread of a Poisson stream),
+    fixed by the seed, and about the asked share of paragraphs of 5-8 texts among the one-line requests."""
+    import itertools
+    import statistics
+
+    from benchmarks.serve_load import arrival_times, with_paragraphs
+
+    times = arrival_times(rate=50.0, seconds=200.0, seed=3)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert abs(len(times) / 200.0 - 50.0) < 2.0  # 10,000 arrivals: the count is within 4 standard deviations
+    assert abs(statistics.mean(gaps) - 0.02) < 0.001 and abs(statistics.stdev(gaps) - 0.02) < 0.002
+    assert times == arrival_times(rate=50.0, seconds=200.0, seed=3) and all(0 < t < 200 for t in times)
+    texts = [f"line {i}" for i in range(30)]
+    requests = with_paragraphs(texts, share=0.1, count=5000, seed=0)
+    paragraphs = [text for text, is_line in requests if not is_line]
+    assert 0.08 < len(paragraphs) / len(requests) < 0.12
+    assert all(5 <= text.count("line") <= 8 for text in paragraphs)
+    assert all(text in texts for text, is_line in requests if is_line)
