@@ -341,12 +341,13 @@ class BatchScheduler:
                 if not segment.future.done():
                     segment.future.set_exception(error)
         else:
-            self._measure(len(batch), time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self._measure(len(batch), seconds)
             for segment, text in zip(batch, texts, strict=True):
                 if not segment.future.done():  # its request may have gone away meanwhile
                     segment.future.set_result(text)
             if self.on_batch is not None:
                 longest = max(len(segment.ids) for segment in batch)
-                self.on_batch(BatchStats(len(batch), len(batch) * longest, generated, time.perf_counter() - started))
+                self.on_batch(BatchStats(len(batch), len(batch) * longest, generated, seconds))
         finally:
             self._idle.put_nowait(worker)
