@@ -117,12 +117,15 @@ def reordered_name(past: str) -> str:
 EXPORT_AGAIN = "export the model again: vt-export-onnx --model MODEL_FOLDER --output EXPORT_FOLDER"
 
 
-def read_json_object(path: str | os.PathLike) -> dict:
-    """A JSON file of an export folder that must hold an object (manifest, config, generation config).
+def read_json_object(path: str | os.PathLike, optional: bool = False) -> dict:
+    """A JSON file of an export folder that must hold an object (manifest, config, generation config); with
+    `optional`, {} where the file does not exist.
 
     Raises ValueError (one line, naming the file) when it does not parse or holds something else, OSError when it
     cannot be read.
     """
+    if optional and not Path(path).is_file():
+        return {}
     try:
         value = json.loads(Path(path).read_text(encoding="utf-8"))
     except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
@@ -134,8 +137,7 @@ def read_json_object(path: str | os.PathLike) -> dict:
 
 def read_manifest(folder: str | os.PathLike) -> dict:
     """The folder's `manifest.json` (the one place it is read), or {} where the folder has none."""
-    path = Path(folder) / MANIFEST_FILE
-    return read_json_object(path) if path.is_file() else {}
+    return read_json_object(Path(folder) / MANIFEST_FILE, optional=True)
 
 
 def language_pair(info: dict) -> tuple[str, str] | None:

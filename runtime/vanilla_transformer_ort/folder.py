@@ -98,8 +98,7 @@ def generation_settings(config: dict, generation: dict, folder: str | os.PathLik
 
 def read_generation_config(folder: Path) -> dict:
     """The folder's `generation_config.json`, or {} where it has none (every setting then comes from config.json)."""
-    path = folder / GENERATION_CONFIG_FILE
-    return read_json_object(path) if path.is_file() else {}
+    return read_json_object(folder / GENERATION_CONFIG_FILE, optional=True)
 
 
 def settings_from_folder(folder: str | os.PathLike) -> GenerationSettings:

@@ -34,8 +34,7 @@ def folder_languages(folder: str | os.PathLike | ExportFolder) -> tuple[str, str
 
 def read_training_info(folder: str | os.PathLike) -> dict:
     """A trained model folder's `training_info.json`, or {} where it has none."""
-    path = Path(folder) / TRAINING_INFO_FILE
-    return read_json_object(path) if path.is_file() else {}
+    return read_json_object(Path(folder) / TRAINING_INFO_FILE, optional=True)
 
 
 def primary_subtag(code: str) -> str:
