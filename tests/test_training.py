@@ -163,7 +163,7 @@ def test_token_batches_differ_across_ranks_and_epochs():
 
 
 def _whole_corpus_batches(source, target, max_tokens, seed, epoch, shuffle=True, max_sentences=None):
-    """The sampler's epoch as one lexsort over the whole corpus (the definition the group-wise build must equal)."""
+    """The sampler's epoch as one lexsort over the whole corpus (the definition the block-wise build must equal)."""
     rng = np.random.default_rng([seed, epoch])
     tie_break = rng.random(len(source)) if shuffle else np.arange(len(source))
     order = np.lexsort((tie_break, target, source))
@@ -172,20 +172,80 @@ def _whole_corpus_batches(source, target, max_tokens, seed, epoch, shuffle=True,
     return [order[bounds[i] : bounds[i + 1]].tolist() for i in ids]
 
 
+def _sharded_batches(source, target, max_tokens, seed, epoch, shards, max_sentences=None):
+    """The sampler's epoch over `shards` shards, stated on whole arrays: each pair's shard from one draw of
+    `Generator([seed, 2**32 - 1])`, each shard one lexsort and one packing, shards in the order of
+    `Generator([seed, epoch, 1])`, each shard's batches permuted by the tie-break generator in that order."""
+    shard_of = (np.random.default_rng([seed, 2**32 - 1]).random(len(source)) * shards).astype(int)
+    rng = np.random.default_rng([seed, epoch])
+    tie_break = rng.random(len(source))
+    batches = []
+    for shard in np.random.default_rng([seed, epoch, 1]).permutation(shards):
+        members = np.flatnonzero(shard_of == shard)
+        order = members[np.lexsort((tie_break[members], target[members], source[members]))]
+        bounds = pack_token_batches(np.maximum(source, target)[order], max_tokens, max_sentences)
+        batches += [order[bounds[i] : bounds[i + 1]].tolist() for i in rng.permutation(len(bounds) - 1)]
+    return batches
+
+
 @pytest.mark.parametrize("shuffle", [True, False])
-def test_group_wise_epochs_equal_one_sort_of_the_whole_corpus(monkeypatch, shuffle):
+def test_block_wise_epochs_equal_one_sort_of_the_whole_corpus(monkeypatch, shuffle):
     pa = pytest.importorskip("pyarrow")
-    monkeypatch.setattr(TokenBudgetBatchSampler, "group_size", 97)  # many groups and blocks, some keys over a group
+    monkeypatch.setattr(TokenBudgetBatchSampler, "block_size", 97)  # many blocks, read one at a time
     source, target = _lengths(3000, seed=11)
-    source[:400] = 7  # one (source, target) length with more pairs than a group
+    source[:400] = 7  # one (source, target) length with more pairs than a block
     target[:400] = 9
     chunked = [pa.chunked_array([column[:1000], column[1000:1001], column[1001:]]) for column in (source, target)]
     for lengths in ((source, target), chunked):
         for epoch in (0, 1):
             sampler = TokenBudgetBatchSampler(*lengths, max_tokens=300, seed=4, shuffle=shuffle, max_sentences=9)
             sampler.set_epoch(epoch)
+            assert sampler.num_shards == 1
             expected = _whole_corpus_batches(source, target, 300, 4, epoch, shuffle, max_sentences=9)
             assert sampler.global_batches() == expected
+
+
+def test_a_large_corpus_is_batched_shard_by_shard(monkeypatch):
+    monkeypatch.setattr(TokenBudgetBatchSampler, "block_size", 97)
+    monkeypatch.setattr(TokenBudgetBatchSampler, "shard_size", 700)
+    source, target = _lengths(3000, seed=12)
+    sampler = TokenBudgetBatchSampler(source, target, max_tokens=300, seed=6, max_sentences=9)
+    assert sampler.num_shards == 5
+    shard_of = (np.random.default_rng([6, 2**32 - 1]).random(3000) * 5).astype(int)
+    assert np.bincount(shard_of).min() > 450  # a random split: every shard about a fifth of the corpus
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        batches = sampler.global_batches()
+        assert batches == _sharded_batches(source, target, 300, 6, epoch, shards=5, max_sentences=9)
+        assert len(batches) == len(sampler)
+        assert sorted(i for batch in batches for i in batch) == list(range(3000))  # each pair exactly once
+        assert all(len({shard_of[i] for i in batch}) == 1 for batch in batches)  # a batch never spans shards
+        assert all(len(b) * source[b].max() <= 300 and len(b) * target[b].max() <= 300 for b in batches)
+    ranks = [TokenBudgetBatchSampler(source, target, 300, num_replicas=3, rank=r, seed=6) for r in range(3)]
+    steps = [list(rank) for rank in ranks]
+    assert len({len(s) for s in steps}) == 1 == len({len(rank) for rank in ranks})  # same steps on every rank
+
+
+def test_memory_is_one_shard_not_the_corpus(monkeypatch):
+    """Iterating an epoch of 1,000,000 pairs in shards of 20,000 allocates well under the 4 MB that one int32 index
+    a pair would take (numpy's allocations are traced by tracemalloc)."""
+    import tracemalloc
+
+    monkeypatch.setattr(TokenBudgetBatchSampler, "block_size", 10_000)
+    monkeypatch.setattr(TokenBudgetBatchSampler, "shard_size", 20_000)
+    source, target = _lengths(1_000_000, seed=13)
+    sampler = TokenBudgetBatchSampler(source, target, max_tokens=300, seed=1)
+    tracemalloc.start()
+    try:
+        first = next(iter(sampler))
+        first_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        count = sum(1 for _ in sampler)
+        epoch_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert first and count == len(sampler)
+    assert max(first_peak, epoch_peak) < 1_000_000 * 4 / 2, (first_peak, epoch_peak)
 
 
 def test_packing_run_lengths_equals_packing_the_array():

@@ -103,13 +103,18 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     batches `rank, rank + num_replicas, ...`, so ranks see distinct batches; the list is padded by wrapping around to a
     multiple of `num_replicas` so every rank runs the same number of steps (DDP needs that).
 
-    Memory stays flat in corpus size: the lengths are read block by block (Arrow columns from `length_columns` are
-    memory-mapped), the packing depends only on how many pairs each (source, target) length has, so the batch
-    boundaries are computed once from those counts, and an epoch's order is built a group of lengths at a time
-    (`group_size` pairs) into one int32 array: 4 bytes a pair.
+    Memory stays flat in corpus size. A corpus of more than `shard_size` pairs is split at random (from `seed`, the
+    same split every epoch) into shards of at most `shard_size` pairs, as OpenNMT-py's buckets and tensor2tensor's
+    shards do; each shard is sorted, packed and its batches shuffled on its own, and an epoch takes the shards in a
+    random order, one at a time, building a shard's order only when its first batch is due. The lengths are read
+    block by block (Arrow columns from `length_columns` stay memory-mapped), and the packing depends only on how many
+    pairs each (source, target) length has in a shard, so the batch boundaries are computed once from those counts.
+    Nothing is kept per pair of the corpus: only one shard's order at a time. A corpus of one shard (up to
+    `shard_size` pairs) gets exactly the batches of one sort of the whole corpus.
     """
 
-    group_size = 1 << 21  # pairs sorted at once when building an epoch's order
+    shard_size = 1 << 21  # pairs sorted at once; a corpus of more pairs is split into shards
+    block_size = 1 << 21  # pairs read from the length columns at once
 
     def __init__(
         self,
@@ -138,8 +143,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.shuffle, self.seed, self.max_sentences = shuffle, seed, max_sentences
         self.epoch = 0
         self.count = len(source_lengths)
-        # One pass over the lengths: how many pairs have each (source, target) length. A key orders pairs as
-        # (source, target) does: key = source · width + target.
+        self.num_shards = -(-self.count // self.shard_size)
+        # One pass over the lengths for the longest of each side, one for the (source, target) lengths that occur, one
+        # for how many pairs of each a shard has. A key orders pairs as (source, target) does: source · width + target.
         longest_source = longest_target = 0
         for _, source, target in self._blocks():
             if source.min(initial=0) < 0 or target.min(initial=0) < 0:
@@ -153,18 +159,36 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
                 "or lower --max_source_length/--max_target_length."
             )
         self._width = longest_target + 1
-        counts = np.zeros((longest_source + 1) * self._width, dtype=np.int64)  # (keys) pairs per key
+        present = np.zeros((longest_source + 1) * self._width, dtype=bool)  # (keys) whether a pair has the key
         for _, source, target in self._blocks():
-            counts += np.bincount(self._keys(source, target), minlength=len(counts))
-        keys = np.flatnonzero(counts)
-        self._key_counts = keys, counts[keys]
+            present[self._keys(source, target)] = True
+        keys = np.flatnonzero(present)
+        counts = np.zeros(self.num_shards * len(keys), dtype=np.int64)  # (shards · keys present) pairs
+        for _, source, target, shard in self._blocks_with_shards():
+            counts += np.bincount(
+                shard * len(keys) + np.searchsorted(keys, self._keys(source, target)), minlength=len(counts)
+            )
+        counts = counts.reshape(self.num_shards, len(keys))  # (shards, keys present)
         # Ties in (source, target) length have equal packing lengths, so every epoch has these batch boundaries.
         packing_lengths = np.maximum(keys // self._width, keys % self._width)
-        self._bounds = pack_token_batches((packing_lengths, counts[keys]), max_tokens, max_sentences)
-        self._num_batches = len(self._bounds) - 1
+        self._bounds = [
+            pack_token_batches((packing_lengths[row > 0], row[row > 0]), max_tokens, max_sentences) for row in counts
+        ]  # per shard: batch b of the shard is positions bounds[b]:bounds[b + 1] of the shard's order
+        self._num_batches = sum(len(bounds) - 1 for bounds in self._bounds)
 
     def _blocks(self) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        return _length_blocks(self.source_lengths, self.target_lengths, self.group_size)
+        return _length_blocks(self.source_lengths, self.target_lengths, self.block_size)
+
+    def _blocks_with_shards(self) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+        """(offset, source, target, shard) blocks: each pair's shard is `floor(u · shards)` with u the pair's draw of
+        `Generator([seed, 2**32 - 1]).random(count)` (all 0 for one shard), the same split every epoch."""
+        draws = np.random.default_rng([self.seed, 2**32 - 1])
+        for offset, source, target in self._blocks():
+            if self.num_shards == 1:
+                shard = np.zeros(len(source), dtype=np.int64)
+            else:
+                shard = (draws.random(len(source)) * self.num_shards).astype(np.int64)
+            yield offset, source, target, shard
 
     def _keys(self, source: np.ndarray, target: np.ndarray) -> np.ndarray:
         return source.astype(np.int64) * self._width + target
@@ -173,64 +197,58 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         """Reshuffle for `epoch` (the Trainer calls this before each epoch)."""
         self.epoch = epoch
 
-    def _key_groups(self) -> Iterator[tuple[int, int, int]]:
-        """(first key, end key, first position) of consecutive key ranges holding about `group_size` pairs each."""
-        keys, counts = self._key_counts
-        ends = np.cumsum(counts)
-        first, position = 0, 0
-        while first < len(keys):
-            last = max(first, int(np.searchsorted(ends, position + self.group_size, side="right")) - 1)
-            end_key = int(keys[last + 1]) if last + 1 < len(keys) else int(keys[-1]) + 1
-            yield int(keys[first]), end_key, position
-            position, first = int(ends[last]), last + 1
+    def shard_order(self, shard: int) -> tuple[np.ndarray, np.random.Generator]:
+        """The shard's pairs sorted by (source length, target length, tie-break), where the tie-break is the pair's
+        draw of `Generator([seed, epoch]).random(count)` (index order when not shuffling); with the generator after
+        the whole stream. For one shard this is `np.lexsort((tie_break, target, source))` over the corpus. One pass
+        over the lengths; the memory is the shard's."""
+        ties = np.random.default_rng([self.seed, self.epoch])
+        picked, picked_keys, picked_ties = [], [], []
+        for offset, source, target, shards in self._blocks_with_shards():
+            block_ties = ties.random(len(source)) if self.shuffle else None
+            inside = np.flatnonzero(shards == shard)
+            picked.append((inside + offset).astype(np.int32 if self.count < 2**31 else np.int64))
+            picked_keys.append(self._keys(source[inside], target[inside]))
+            if block_ties is not None:
+                picked_ties.append(block_ties[inside])
+        picked = np.concatenate(picked)
+        sort_keys = (np.concatenate(picked_ties),) if self.shuffle else ()
+        return picked[np.lexsort((*sort_keys, np.concatenate(picked_keys)))], ties
 
-    def epoch_order(self) -> tuple[np.ndarray, np.random.Generator]:
-        """The epoch's pairs sorted by (source length, target length, tie-break), where the tie-break is
-        `Generator([seed, epoch]).random(count)` (index order when not shuffling); with the generator after it.
-
-        This equals `np.lexsort((tie_break, target, source))` over the whole corpus, built a group of keys at a time:
-        each group scans the lengths and redraws the same tie-break stream, so the memory is the int32 result plus
-        one group."""
-        order = np.empty(self.count, dtype=np.int32 if self.count < 2**31 else np.int64)
+    def _epoch(self) -> Iterator[np.ndarray]:
+        """The current epoch's global batches (pair indices), before padding: the shards in a random order
+        (`Generator([seed, epoch, 1])`), each shard's batches in a random order drawn from the generator after the
+        tie-break stream. Each shard's order is built when its first batch is due."""
+        shards = np.arange(self.num_shards)
+        if self.shuffle and self.num_shards > 1:
+            shards = np.random.default_rng([self.seed, self.epoch, 1]).permutation(self.num_shards)
         rng = None
-        for low, high, position in self._key_groups():
-            rng = np.random.default_rng([self.seed, self.epoch])
-            picked, picked_keys, picked_ties = [], [], []
-            for offset, source, target in self._blocks():
-                keys = self._keys(source, target)
-                ties = rng.random(len(keys)) if self.shuffle else None
-                inside = np.flatnonzero((keys >= low) & (keys < high))
-                picked.append(inside + offset)
-                picked_keys.append(keys[inside])
-                if ties is not None:
-                    picked_ties.append(ties[inside])
-            picked = np.concatenate(picked)
-            sort_keys = (np.concatenate(picked_ties),) if self.shuffle else ()
-            ranked = np.lexsort((*sort_keys, np.concatenate(picked_keys)))
-            order[position : position + len(picked)] = picked[ranked]
-        if rng is None or not self.shuffle:
-            rng = np.random.default_rng([self.seed, self.epoch])
-        return order, rng
+        for shard in shards.tolist():
+            order, after = self.shard_order(shard)
+            rng = after if rng is None else rng
+            bounds = self._bounds[shard]
+            ids = rng.permutation(len(bounds) - 1) if self.shuffle else np.arange(len(bounds) - 1)
+            for i in ids.tolist():
+                yield order[bounds[i] : bounds[i + 1]]
 
-    def epoch_batches(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The current epoch's global batches as (order, bounds, batch ids): the g-th batch of the epoch is
-        `order[bounds[i]:bounds[i + 1]]` with `i = ids[g]`; `ids` is padded to a multiple of `num_replicas`."""
-        order, rng = self.epoch_order()
-        ids = rng.permutation(self._num_batches) if self.shuffle else np.arange(self._num_batches)
-        remainder = len(ids) % self.num_replicas
-        if remainder:
-            ids = np.concatenate([ids, ids[: self.num_replicas - remainder]])
-        return order, self._bounds, ids
+    def _padded_epoch(self) -> Iterator[np.ndarray]:
+        """`_epoch`, then its first batches again until the count is a multiple of `num_replicas`."""
+        padding = -self._num_batches % self.num_replicas
+        first = []
+        for batch in self._epoch():
+            if len(first) < padding:
+                first.append(batch)
+            yield batch
+        yield from first
 
     def global_batches(self) -> list[list[int]]:
         """All ranks' batches for the current epoch, in order, padded to a multiple of `num_replicas`."""
-        order, bounds, ids = self.epoch_batches()
-        return [order[bounds[i] : bounds[i + 1]].tolist() for i in ids.tolist()]
+        return [batch.tolist() for batch in self._padded_epoch()]
 
     def __iter__(self) -> Iterator[list[int]]:
-        order, bounds, ids = self.epoch_batches()
-        for i in ids[self.rank :: self.num_replicas].tolist():
-            yield order[bounds[i] : bounds[i + 1]].tolist()
+        for position, batch in enumerate(self._padded_epoch()):
+            if position % self.num_replicas == self.rank:
+                yield batch.tolist()
 
     def __len__(self) -> int:
         return math.ceil(self._num_batches / self.num_replicas)
