@@ -284,15 +284,83 @@ def test_export_folder_is_self_contained(export_dir):
     assert [i["name"] for i in io["inputs"]] == decoder_input_names(LAYERS)
     assert io["inputs"][2]["dtype"] == "FLOAT" and io["inputs"][0]["dtype"] == "INT64"
     assert manifest["validation"]["fp32"]["logits"] < FP32_TOLERANCE
-    # format version 2: the in-place decoder too, checked on the same grid (its beams sharing one cross K/V)
-    assert manifest["format_version"] == 2 and manifest["decoder_cache"] == "inplace"
+    # format version 2: the in-place decoder too, checked on the same grid (its beams sharing one cross K/V); 3: its
+    # per-row lengths
+    assert manifest["format_version"] == 3 and manifest["decoder_cache"] == "inplace"
     assert (export_dir / INPLACE_DECODER_FILE).is_file()
     inplace_inputs = [i["name"] for i in manifest["graphs"][INPLACE_DECODER_FILE]["inputs"]]
     assert (
-        inplace_inputs == decoder_input_names(LAYERS)[:2] + ["total_sequence_length"] + decoder_input_names(LAYERS)[2:]
+        inplace_inputs
+        == decoder_input_names(LAYERS)[:2]
+        + ["total_sequence_length", "sequence_lengths"]
+        + decoder_input_names(LAYERS)[2:]
     )
     validation = manifest["validation"]["fp32"]
     assert validation["inplace_logits"] < FP32_TOLERANCE and validation["inplace_present"] < FP32_TOLERANCE
+
+
+def _inplace_step(session, tokens, lengths, cross, mask, buffers) -> np.ndarray:
+    """One step of the in-place decoder over numpy buffers (bound, so written in place); the last logits per row."""
+    binding = session.io_binding()
+    feed = {
+        "input_ids": np.asarray(tokens, dtype=np.int64)[:, None],
+        "encoder_attention_mask": mask,
+        "total_sequence_length": np.array(max(lengths), np.int32),
+        "sequence_lengths": np.asarray(lengths, np.int32),
+    }
+    for name, value in {**feed, **cross}.items():
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value))
+    for name, buffer in buffers.items():
+        value = ort.OrtValue.ortvalue_from_numpy(buffer)
+        binding.bind_ortvalue_input(name, value)
+        binding.bind_ortvalue_output(name.replace("past_key_values.", "present.", 1), value)
+    binding.bind_output("logits", "cpu")
+    session.run_with_iobinding(binding)
+    return np.array(binding.get_outputs()[0].numpy()[:, -1])  # a copy: onnxruntime frees its outputs' memory
+
+
+def test_inplace_rows_of_different_lengths_decode_as_each_alone(export_dir):
+    """A row that joins a running batch (its own past length, its source padded to the batch's) gets the logits it
+    gets alone, to the bit, and so does the row it joined: per-row lengths place each row's positions and cache."""
+    options = ort.SessionOptions()
+    encoder, decoder = (
+        ort.InferenceSession(str(export_dir / name), options, providers=["CPUExecutionProvider"])
+        for name in (ENCODER_FILE, INPLACE_DECODER_FILE)
+    )
+    heads, d_head = CONFIG["decoder_attention_heads"], CONFIG["d_model"] // CONFIG["decoder_attention_heads"]
+    names = decoder_input_names(LAYERS)[2:]  # past_key_values.{i}.{decoder,encoder}.{key,value}
+    cross_names = [n for n in names if ".encoder." in n]
+    own_names = [n for n in names if ".decoder." in n]
+
+    def encode(ids):
+        ids = np.asarray([ids], dtype=np.int64)
+        outputs = encoder.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[1:]
+        return dict(zip(cross_names, outputs, strict=True))
+
+    sources, steps = ([5, 6, 7, 8, 9, 2], [9, 10, 2]), ([1, 7, 8, 9, 10], [1, 11, 12])
+    crosses = [encode(ids) for ids in sources]
+    alone = []
+    for cross, tokens, ids in zip(crosses, steps, sources, strict=True):
+        buffers = {name: np.zeros((1, heads, 8, d_head), np.float32) for name in own_names}
+        mask = np.ones((1, len(ids)), np.int64)
+        alone.append([_inplace_step(decoder, [t], [k + 1], cross, mask, buffers)[0] for k, t in enumerate(tokens)])
+    # The first row decodes two steps alone, then the second joins with its shorter source padded to the first's.
+    buffers = {name: np.zeros((2, heads, 8, d_head), np.float32) for name in own_names}
+    cross = {name: np.zeros((2, heads, 6, d_head), np.float32) for name in cross_names}
+    for name in cross_names:
+        cross[name][0], cross[name][1, :, :3] = crosses[0][name][0], crosses[1][name][0]
+    mask = np.array([[1] * 6, [1, 1, 1, 0, 0, 0]], np.int64)
+    first = {name: value[:1] for name, value in cross.items()}
+    together = [[], []]
+    for k in range(2):
+        together[0].append(_inplace_step(decoder, [steps[0][k]], [k + 1], first, mask[:1],
+                                         {n: b[:1] for n, b in buffers.items()})[0])  # fmt: skip
+    for k in range(3):
+        logits = _inplace_step(decoder, [steps[0][k + 2], steps[1][k]], [k + 3, k + 1], cross, mask, buffers)
+        together[0].append(logits[0])
+        together[1].append(logits[1])
+    for row in (0, 1):
+        assert all(np.array_equal(a, b) for a, b in zip(together[row], alone[row], strict=True)), row
 
 
 def test_fp32_folder_stores_the_shared_embedding_once(export_dir):

@@ -33,7 +33,8 @@ TOKENIZER_FILE = "tokenizer.json"
 SAVED_TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json")
 TOKENIZER_FILES = (*SAVED_TOKENIZER_FILES, "special_tokens_map.json")
 MANIFEST_FORMAT = "vanilla-transformer-onnx"
-MANIFEST_FORMAT_VERSION = 2  # 2 adds decoder_model_inplace.onnx; folders of version 1 are still read
+# 2 adds decoder_model_inplace.onnx, 3 its per-row `sequence_lengths`; folders of versions 1 and 2 are still read
+MANIFEST_FORMAT_VERSION = 3
 # The language pair a manifest (or a model folder's training_info.json) names.
 SOURCE_LANG, TARGET_LANG = "source_lang", "target_lang"
 
@@ -56,6 +57,9 @@ PAST_PREFIX = "past_key_values"
 PRESENT_PREFIX = "present"
 # The in-place decoder graph's third input: () int32, the past length plus the new tokens (onnxruntime's name).
 TOTAL_SEQUENCE_LENGTH = "total_sequence_length"
+# Its fourth (format version 3): (rows,) int32, each row's own past length plus the new tokens, so that rows that
+# joined the batch at different steps decode side by side; `total_sequence_length` is then their largest.
+SEQUENCE_LENGTHS = "sequence_lengths"
 
 # cache_reorder.onnx: `beam_idx` and every past self-attention K/V in, `reordered.{i}.decoder.{key,value}` out.
 REORDER_INDEX = "beam_idx"

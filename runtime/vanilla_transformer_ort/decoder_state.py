@@ -17,6 +17,7 @@ from .contract import (
     INPUT_IDS,
     LOGITS,
     REORDER_INDEX,
+    SEQUENCE_LENGTHS,
     TOTAL_SEQUENCE_LENGTH,
     past_name,
     reordered_name,
@@ -173,7 +174,8 @@ class BoundState(CacheState):
         for name in BEAM_SCORES_OUTPUTS:
             binding.bind_output(name, "cpu")
         self.scorer.run_with_iobinding(binding)
-        values, indices = (value.numpy() for value in binding.get_outputs())
+        # Copies: `OrtValue.numpy()` is a view of memory that onnxruntime frees with the binding's outputs.
+        values, indices = (np.array(value.numpy()) for value in binding.get_outputs())
         return values, indices
 
     def reorder(self, rows: np.ndarray) -> None:
@@ -225,6 +227,8 @@ class InPlaceState(CacheState):
         self.num_beams, self.length, self.max_capacity = num_beams, 0, max_capacity
         self.cross, self.mask = cross, mask
         self.cache_names = [past_name(name) for name in self.output_names[1:]]  # past_key_values.{i}.decoder.*
+        # Folders of format version 3 take each row's length (`sequence_lengths`); here all rows advance together.
+        self.per_row_lengths = SEQUENCE_LENGTHS in {i.name for i in session.get_inputs()}
         rows = mask.shape[0] * num_beams
         shape = (rows, num_heads, max(1, capacity), d_head)
         self.buffers = {name: np.zeros(shape, dtype=np.float32) for name in self.cache_names}
@@ -280,6 +284,8 @@ class InPlaceState(CacheState):
         binding = self.binding
         binding.bind_cpu_input(INPUT_IDS, np.ascontiguousarray(last_tokens, dtype=np.int64))
         binding.bind_cpu_input(TOTAL_SEQUENCE_LENGTH, np.array(total, dtype=np.int32))
+        if self.per_row_lengths:
+            binding.bind_cpu_input(SEQUENCE_LENGTHS, np.full(rows, total, dtype=np.int32))
         if new == 1:
             binding.bind_ortvalue_output(LOGITS, self._value(self.logits))
         else:

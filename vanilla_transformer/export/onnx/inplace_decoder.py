@@ -7,8 +7,9 @@ are repeated for every beam. This graph does what onnxruntime's own generative d
 - Self-attention (§3.2.3, masked) is onnxruntime's `GroupQueryAttention` with as many key/value heads as query
   heads, i.e. the paper's multi-head attention. Its past is a buffer preallocated for a capacity of positions; when
   the runtime binds `past_key_values.{i}.decoder.*` and `present.{i}.decoder.*` to the same buffer, the operator
-  writes the new keys and values at positions `total_sequence_length - new tokens ...` in place and reads only the
-  first `total_sequence_length` positions. Q, K and V come from one packed (d_model, 3 d_model) projection.
+  writes each row's new keys and values at positions `sequence_lengths[row] - new tokens ...` in place and reads
+  only that row's first `sequence_lengths[row]` positions. Q, K and V come from one packed (d_model, 3 d_model)
+  projection.
 - Cross-attention is onnxruntime's `MultiHeadAttention` over the encoder's keys and values held once per source,
   (batch, heads, src_len, d_k): the queries of a source's beams, (batch x beams, new, d_model), are regrouped into
   one query sequence (batch, beams x new, d_model). Cross-attention has no mask between queries, so each query
@@ -37,6 +38,7 @@ from vanilla_transformer_ort.contract import (
     LOGITS,
     PAST_PREFIX,
     PRESENT_PREFIX,
+    SEQUENCE_LENGTHS,
     TOTAL_SEQUENCE_LENGTH,
     cache_names,
     is_self_attention,
@@ -111,27 +113,33 @@ def _activation(graph: GraphBuilder, x: str, function: str) -> str:
     return graph.op("Mul", [x, graph.op("Sigmoid", [x])])  # silu / swish: x * sigmoid(x)
 
 
-def _positions(graph: GraphBuilder, total: str, new_len: str, d_model: int) -> str:
-    """PE(pos) of §3.5 for pos = total - new_len, ..., total - 1: (new_len, d_model), sin and cos interleaved."""
+def _positions(graph: GraphBuilder, lengths: str, new_len: str, d_model: int) -> str:
+    """PE(pos) of §3.5 for each row's pos = length - new_len, ..., length - 1, with `lengths` (rows,) int32 each row's
+    past plus new tokens: (rows, new_len, d_model), sin and cos interleaved."""
     two_i = torch.arange(0, d_model, 2, dtype=torch.float32)  # as `sinusoidal_positional_encoding` computes them
     inv_freq = torch.exp(two_i * (-math.log(10000.0) / d_model))  # (d_model/2,)
-    end = graph.op("Cast", [total], to=7)  # int64
-    start = graph.op("Sub", [end, new_len])
-    positions = graph.op("Cast", [graph.op("Range", [start, end, graph.constant(np.array(1, np.int64))])], to=1)
-    angles = graph.op("Mul", [graph.op("Unsqueeze", [positions, graph.constant(np.array([1], np.int64))]),
-                              graph.weight(inv_freq.unsqueeze(0), "positions.inv_freq")])  # (new, d/2)  # fmt: skip
-    axis = graph.constant(np.array([2], np.int64))
+    one = graph.constant(np.array([1], np.int64))
+    offsets = graph.op("Range", [graph.constant(np.array(0, np.int64)), graph.op("Squeeze", [new_len]),
+                                 graph.constant(np.array(1, np.int64))])  # (new,): 0 .. new - 1  # fmt: skip
+    starts = graph.op("Sub", [graph.op("Cast", [lengths], to=7), new_len])  # (rows,) int64: each row's past length
+    # (rows,) -> (rows, 1) + (new,) -> (rows, new)
+    positions = graph.op("Cast", [graph.op("Add", [graph.op("Unsqueeze", [starts, one]), offsets])], to=1)
+    angles = graph.op("Mul", [graph.op("Unsqueeze", [positions, graph.constant(np.array([2], np.int64))]),
+                              graph.weight(inv_freq, "positions.inv_freq")])  # (rows, new, d/2)  # fmt: skip
+    axis = graph.constant(np.array([3], np.int64))
     pairs = graph.op("Concat", [graph.op("Unsqueeze", [graph.op("Sin", [angles]), axis]),
-                                graph.op("Unsqueeze", [graph.op("Cos", [angles]), axis])], axis=2)  # fmt: skip
-    # (new, d/2, 2) -> (new, d): sin at 2i, cos at 2i+1
-    return graph.op("Reshape", [pairs, graph.constant(np.array([-1, d_model], np.int64))])
+                                graph.op("Unsqueeze", [graph.op("Cos", [angles]), axis])], axis=3)  # fmt: skip
+    # (rows, new, d/2, 2) -> (rows, new, d): sin at 2i, cos at 2i+1
+    return graph.op("Reshape", [pairs, graph.constant(np.array([0, 0, d_model], np.int64))])
 
 
 def build_inplace_decoder(model: nn.Module, tie_output_projection: bool = True):
     """The in-place decoder step of `model` (a `VanillaTransformerForConditionalGeneration`) as an `onnx.ModelProto`.
 
     Inputs: `input_ids` (rows, new) int64 with rows = batch x beams, each source's beams adjacent;
-    `encoder_attention_mask` (batch, src_len); `total_sequence_length` () int32 = past length + new; then per layer
+    `encoder_attention_mask` (batch, src_len); `total_sequence_length` () int32 = the largest past length + new;
+    `sequence_lengths` (rows,) int32 = each row's own past length + new (rows that joined a running batch at different
+    steps decode side by side: each row's positions and attended cache end at its own length); then per layer
     `past_key_values.{i}.decoder.key/value` (rows, heads, capacity, d_k) with capacity >= total_sequence_length, and
     `past_key_values.{i}.encoder.key/value` (batch, heads, src_len, d_k), once per source. Outputs: `logits`
     (rows, new, vocab) and `present.{i}.decoder.key/value`, the cache buffers (shared with the past when bound so).
@@ -155,17 +163,15 @@ def build_inplace_decoder(model: nn.Module, tie_output_projection: bool = True):
 
     shape = graph.op("Shape", [INPUT_IDS])
     new_len = graph.op("Slice", [shape, *(graph.constant(np.array([v], np.int64)) for v in (1, 2))])  # (1,)
-    rows = graph.op("Slice", [shape, *(graph.constant(np.array([v], np.int64)) for v in (0, 1))])  # (1,)
-    # GroupQueryAttention's per-row index of the last valid position: total - 1 for every row (they advance together)
-    last = graph.op("Sub", [TOTAL_SEQUENCE_LENGTH, graph.constant(np.array(1, np.int32))])
-    seqlens_k = graph.op("Expand", [last, rows])  # (rows,) int32
+    # GroupQueryAttention's per-row index of the last valid position: each row's length - 1 (rows may differ)
+    seqlens_k = graph.op("Sub", [SEQUENCE_LENGTHS, graph.constant(np.array(1, np.int32))])  # (rows,) int32
     source_mask = graph.op("Cast", [ENCODER_ATTENTION_MASK], to=6)  # int32 (batch, src_len), 1 = token
 
     embed_table = graph.weight(decoder.embed_tokens.weight, "embed_tokens.weight")  # (vocab, d_model)
     embeddings = graph.op("Gather", [embed_table, INPUT_IDS])
     scale = graph.constant(np.array(decoder.input_representation.embed_scale, np.float32))  # sqrt(d_model) (§3.4)
-    hidden = graph.op("Add", [graph.op("Mul", [embeddings, scale]), _positions(graph, TOTAL_SEQUENCE_LENGTH,
-                                                                                new_len, d_model)])  # fmt: skip
+    hidden = graph.op("Add", [graph.op("Mul", [embeddings, scale]), _positions(graph, SEQUENCE_LENGTHS, new_len,
+                                                                                d_model)])  # fmt: skip
     past, present = cache_names(config.decoder_layers, PAST_PREFIX), cache_names(config.decoder_layers, PRESENT_PREFIX)
     query_shape = graph.op("Shape", [hidden])  # (rows, new, d_model)
     for i, layer in enumerate(decoder.layers):
@@ -233,6 +239,7 @@ def build_inplace_decoder(model: nn.Module, tie_output_projection: bool = True):
         tensor(INPUT_IDS, TensorProto.INT64, [rows_dim, "decoder_sequence_length"]),
         tensor(ENCODER_ATTENTION_MASK, TensorProto.INT64, [batch_dim, "encoder_sequence_length"]),
         tensor(TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, []),
+        tensor(SEQUENCE_LENGTHS, TensorProto.INT32, [rows_dim]),
     ]
     for name in past:
         dims = [rows_dim, heads, capacity_dim, d_k] if is_self_attention(name) else [

@@ -30,6 +30,7 @@ from vanilla_transformer_ort.contract import (
     MANIFEST_FILE,
     PAST_PREFIX,
     PRESENT_PREFIX,
+    SEQUENCE_LENGTHS,
     TOTAL_SEQUENCE_LENGTH,
     cache_names,
     is_self_attention,
@@ -168,6 +169,7 @@ def _run_inplace(decoder, config, inputs: dict[str, torch.Tensor], reference: di
         INPUT_IDS: np.repeat(new_ids, beams, axis=0),
         ENCODER_ATTENTION_MASK: inputs["attention_mask"].numpy(),
         TOTAL_SEQUENCE_LENGTH: np.array(total, dtype=np.int32),
+        SEQUENCE_LENGTHS: np.full(batch * beams, total, dtype=np.int32),
     }
     d_head = config.d_model // heads
     never_read = np.random.default_rng(0).normal(0, 1e3, (batch * beams, heads, INPLACE_SLACK, d_head))
