@@ -112,6 +112,11 @@ def past_name(present: str) -> str:
     return present.replace(f"{PRESENT_PREFIX}.", f"{PAST_PREFIX}.", 1)
 
 
+def present_name(past: str) -> str:
+    """The output that writes a `past_key_values.*` input's next value: `past_key_values.{i}.…` -> `present.{i}.…`."""
+    return past.replace(f"{PAST_PREFIX}.", f"{PRESENT_PREFIX}.", 1)
+
+
 def reordered_name(past: str) -> str:
     """`cache_reorder.onnx`'s output for a cache input: `past_key_values.{i}.…` -> `reordered.{i}.…`."""
     return past.replace(f"{PAST_PREFIX}.", f"{REORDERED_PREFIX}.", 1)
