@@ -21,6 +21,7 @@ from tests.serve_helpers import live_server, make_service, serve_process, tiny_s
 from vanilla_transformer_ort import OrtTranslator
 from vanilla_transformer_ort.placeholders import ENTITY, MARKUP
 from vanilla_transformer_ort.serve.app import create_app
+from vanilla_transformer_ort.serve.batching import Overloaded
 from vanilla_transformer_ort.serve.service import TranslationService, load_translators
 from vanilla_transformer_ort.serve.settings import ServeSettings
 
@@ -219,18 +220,23 @@ def test_html_with_the_tiny_model_keeps_every_tag_in_order(oracle):
 # -- batching --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", ["fp32", "int8", "fp32 in 2 session processes"])
+@pytest.mark.parametrize(
+    "variant",
+    ["fp32", "int8", "fp32 in 2 session processes", "fp32 step-level", "int8 step-level in 2 session processes"],
+)
 def test_concurrent_answers_equal_single_request_translations(oracle, variant):
     """40 clients at once, each text as its own request and a few as lists: every answer equals the oracle's
     translation of that text alone, and the requests really were batched together. The int8 export too: its
     activations are quantized per row, so a row's translation does not depend on the rows batched with it. And the
-    server's default, each session in a process of its own."""
+    server's default, each session in a process of its own; and step-level batching, where requests join the
+    running decoder batch (few places, so that they also wait for one)."""
     requests = [[text] for text in LOAD_TEXTS * 2] + [LOAD_TEXTS[i : i + 3] for i in range(0, len(LOAD_TEXTS), 3)]
-    folder = trained_int8_export_dir() if variant == "int8" else None
+    folder = trained_int8_export_dir() if variant.startswith("int8") else None
     if folder is not None:
         oracle = OrtTranslator(folder, provider="cpu", intra_op_num_threads=1)
     processes = {"sessions": 2, "session_workers": "process"} if "process" in variant else {}
-    service = make_service(max_wait_ms=20, folder=folder, **processes)
+    steps = {"step_batching": True, "max_batch_size": 6} if "step-level" in variant else {}
+    service = make_service(max_wait_ms=20, folder=folder, **processes, **steps)
 
     async def scenario(client):
         answers = await asyncio.gather(*(post(client, q=texts) for texts in requests))
@@ -241,6 +247,9 @@ def test_concurrent_answers_equal_single_request_translations(oracle, variant):
     for texts, answer in zip(requests, answers, strict=True):
         assert answer.status_code == 200, answer.text
         assert answer.json()["translatedText"] == [single(oracle, t) for t in texts]
+    if steps:  # decoder steps ran several requests' rows together
+        assert _metric(metrics, "vt_decoder_step_rows_total") > 2 * _metric(metrics, "vt_decoder_steps_total")
+        return
     count = _metric(metrics, "vt_batch_size_count")
     segments = _metric(metrics, "vt_segments_translated_total")
     assert count < segments / 4, (count, segments)  # batches held several requests' segments
@@ -450,6 +459,37 @@ def test_admission_control_refuses_the_excess_at_once_and_finishes_what_it_accep
     assert refused_after < 0.1  # answered at once, not after a wait
     assert _metric(metrics, 'vt_rejected_requests_total{reason="overloaded"}') == 1
     assert _metric(metrics, "vt_expected_wait_seconds") >= 0
+
+
+def test_step_level_admission_refuses_what_would_wait_too_long_for_a_place():
+    """Step-level batching: the sources beyond the decoder batch's places wait; at the measured rate of answers, a
+    request whose segments would wait longer than max_queue_seconds is a 503 at once; one that finds a place is
+    always admitted."""
+    from vanilla_transformer_ort.serve.step_scheduling import StepScheduler
+
+    class Sessions:
+        translators = [object()]
+
+    scheduler = StepScheduler(Sessions(), max_sentences=4, max_queue_seconds=1.0)
+    assert scheduler.service_rate is None and scheduler.expected_wait(3) is None
+    now = time.monotonic()
+    scheduler._answered.extend([(now - 2.0, 1), (now - 1.0, 2), (now, 2)])  # 4 segments answered in 2 s: 2/s
+    assert scheduler.service_rate == pytest.approx(2.0)
+    scheduler._outstanding[0] = 5  # 4 decoding, 1 waiting
+    assert scheduler.queue_depth == 1
+    assert scheduler.expected_wait(1) == pytest.approx(1.0)  # 2 waiting at 2/s
+    assert scheduler.expected_wait(2) == pytest.approx(1.5)
+    scheduler._outstanding[0] = 2
+    assert scheduler.expected_wait(2) == 0  # a place is free: no wait
+
+    async def refused():
+        await scheduler.start()
+        scheduler._outstanding[0] = 7
+        with pytest.raises(Overloaded) as error:
+            scheduler.submit(["a b"])
+        return error.value.retry_after
+
+    assert asyncio.run(refused()) == 1  # ceil(2 s expected - 1 s allowed)
 
 
 def test_the_service_rate_follows_the_batches():

@@ -53,13 +53,19 @@ def _exit_with(parent: int, interval: float = 1.0) -> None:
     os._exit(0)
 
 
+def shield(parent: int) -> None:
+    """In a server's child process: ignore SIGINT and SIGTERM (the server decides when its sessions end, after the
+    work in flight) and end once `parent` is gone (killed with SIGKILL, so that it could not close them)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    threading.Thread(target=_exit_with, args=(parent,), name="vt-parent-watch", daemon=True).start()
+
+
 def _load(folder: str, provider: str, threads: int, parent: int | None) -> None:
     """Pool initializer: shield the process when `parent` is given, then load the folder's translator."""
     global _translator, _load_error
     if parent is not None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
-        threading.Thread(target=_exit_with, args=(parent,), name="vt-parent-watch", daemon=True).start()
+        shield(parent)
     from .translator import OrtTranslator
 
     try:

@@ -75,6 +75,12 @@ def build_parser():
         )
     parser.add_argument("--no_batching", action="store_true", help="never batch different requests together")
     parser.add_argument(
+        "--step_batching",
+        action="store_true",
+        help="step-level batching: a request's segments join the running decoder batch at its next step and leave it "
+        "when they finish, up to --max_batch_size sources a session (export format 3, CPU)",
+    )
+    parser.add_argument(
         "--no_files_translation", action="store_true", help="turn off /translate_file (403) and the page's file tab"
     )
     parser.add_argument(
@@ -192,6 +198,7 @@ def settings_from_args(args: argparse.Namespace):
         frontend_timeout=args.frontend_timeout,
         files_translation=not args.no_files_translation,
         batching=not args.no_batching,
+        step_batching=args.step_batching,
         protect_placeholders=not args.no_protect_placeholders,
         sessions=args.sessions,
         threads=args.threads,

@@ -19,6 +19,7 @@ from ..protected_translation import DEFAULT_RETRY, DEFAULT_STYLE, translate_prot
 from .batching import BatchScheduler, BatchStats, Engine, Overloaded, QueueFull, SessionLost, ShuttingDown
 from .models import ModelSpec, batch_dependent, language_name
 from .settings import ServeSettings
+from .step_scheduling import StepScheduler
 from .text import join, split
 
 logger = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ class RequestError(Exception):
 class ServedPair:
     spec: ModelSpec
     engine: Engine
-    scheduler: BatchScheduler
+    scheduler: BatchScheduler | StepScheduler
 
 
 class Metrics:
@@ -92,11 +93,30 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.decoder_steps = Counter(
+            "vt_decoder_steps", "Decoder steps of step-level batching (--step_batching).", registry=self.registry
+        )
+        self.decoder_step_rows = Counter(
+            "vt_decoder_step_rows",
+            "Rows (sources x beams) summed over the decoder steps: over vt_decoder_steps, the batch's mean occupancy.",
+            registry=self.registry,
+        )
+        self.step_rows = Gauge(
+            "vt_step_rows", "Mean rows per decoder step since the previous answer (step-level batching).",
+            registry=self.registry,
+        )  # fmt: skip
         self.untranslated = Counter(
             "vt_untranslated_segments",
             "Segments returned untranslated because no translation kept all their placeholders.",
             registry=self.registry,
         )
+
+    def observe_steps(self, stats) -> None:
+        """A step session's `StepStats`: decoder steps and the rows they ran."""
+        if stats.steps:
+            self.decoder_steps.inc(stats.steps)
+            self.decoder_step_rows.inc(stats.rows)
+            self.step_rows.set(stats.rows / stats.steps)
 
     def observe_batch(self, stats: BatchStats) -> None:
         self.batch_size.observe(stats.size)
@@ -120,6 +140,16 @@ def load_translators(spec: ModelSpec, settings: ServeSettings) -> list:
             "serve it with --no_batching",
             spec.folder,
         )
+    if settings.step_batching:
+        from .workers import StepSession, StepSessionProcess
+
+        step_session = StepSessionProcess if settings.session_workers == "process" else StepSession
+        options = {"num_beams": settings.num_beams, "max_new_tokens": settings.max_new_tokens}
+        options = {name: value for name, value in options.items() if value is not None}
+        return [
+            step_session(folder, settings.provider, settings.threads_per_session, settings.max_batch_size, options)
+            for _ in range(settings.sessions)
+        ]
     if settings.session_workers == "process":
         from .workers import start_sessions
 
@@ -163,16 +193,26 @@ class TranslationService:
             translators = await asyncio.to_thread(self.load, spec, self.settings)
             options = {"num_beams": self.settings.num_beams, "max_new_tokens": self.settings.max_new_tokens}
             engine = Engine(translators, options)
-            scheduler = BatchScheduler(
-                engine,
-                max_batch_tokens=self.settings.max_batch_tokens,
-                max_batch_size=self.settings.max_batch_size,
-                max_wait_ms=self.settings.max_wait_ms,
-                max_queue=self.settings.max_queue,
-                max_queue_seconds=self.settings.max_queue_seconds,
-                cross_request=self.settings.batching,
-                on_batch=self.metrics.observe_batch,
-            )
+            if self.settings.step_batching:
+                scheduler = StepScheduler(
+                    engine,
+                    max_sentences=self.settings.max_batch_size,
+                    max_queue=self.settings.max_queue,
+                    max_queue_seconds=self.settings.max_queue_seconds,
+                    on_batch=self.metrics.observe_batch,
+                    on_steps=self.metrics.observe_steps,
+                )
+            else:
+                scheduler = BatchScheduler(
+                    engine,
+                    max_batch_tokens=self.settings.max_batch_tokens,
+                    max_batch_size=self.settings.max_batch_size,
+                    max_wait_ms=self.settings.max_wait_ms,
+                    max_queue=self.settings.max_queue,
+                    max_queue_seconds=self.settings.max_queue_seconds,
+                    cross_request=self.settings.batching,
+                    on_batch=self.metrics.observe_batch,
+                )
             await scheduler.start()
             self.pairs[(spec.source, spec.target)] = ServedPair(spec, engine, scheduler)
             logger.info(

@@ -50,6 +50,7 @@ class ServeSettings:
     max_batch_size: int = 64
     max_wait_ms: float = 5.0
     batching: bool = True
+    step_batching: bool = False
     sessions: int | None = None
     threads: int | None = None
     num_beams: int | None = None
@@ -87,6 +88,8 @@ class ServeSettings:
             raise ValueError(
                 f"session_workers must be one of {', '.join(SESSION_WORKERS)}, got {self.session_workers!r}"
             )
+        if self.step_batching and not self.batching:
+            raise ValueError("step_batching batches requests together; it cannot be combined with batching=False")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.num_beams is not None and self.num_beams < 1:

@@ -132,3 +132,161 @@ def start_sessions(
             session.close()
         raise
     return sessions
+
+
+# -- step-level batching ----------------------------------------------------------------------------------------------
+
+
+class StepSession:
+    """A `StepBatcher` of `folder` in this process (`session_workers="thread"`): `submit(sources)` returns a
+    `concurrent.futures.Future` of the output ids, as `StepSessionProcess` does from a child process.
+
+    `tokenizer`, `settings` and `config` are the folder's; `take_stats` gives the decoder steps since it was last
+    called."""
+
+    def __init__(self, folder, provider: str, intra_op_num_threads: int, max_sentences: int, overrides: dict):
+        from ..step_batching import StepBatcher
+        from ..translator import OrtTranslator
+
+        translator = OrtTranslator(folder, provider=provider, intra_op_num_threads=intra_op_num_threads)
+        self.tokenizer, self.settings, self.config = translator.tokenizer, translator.settings, translator.config
+        self.batcher = StepBatcher(translator, max_sentences, **overrides)
+
+    def submit(self, sources: list[list[int]]) -> Future:
+        return self.batcher.submit(sources)
+
+    def take_stats(self):
+        return self.batcher.take_stats()
+
+    def close(self) -> None:
+        self.batcher.close()
+
+
+def _step_session_main(folder: str, provider: str, threads: int, max_sentences: int, overrides: dict, jobs, results,
+                       parent: int) -> None:  # fmt: skip
+    """A step session's child process: one `StepBatcher`; jobs `(id, sources)` in, `(id, output, error, stats)` out;
+    None ends it once everything submitted is answered."""
+    from ..worker_pool import shield
+
+    shield(parent)
+    try:
+        session = StepSession(folder, provider, threads, max_sentences, overrides)
+    except Exception as error:
+        results.put(("loaded", None, f"{type(error).__name__}: {error}", None))
+        return
+    results.put(("loaded", os.getpid(), None, None))
+
+    def answer(job: int, future: Future) -> None:
+        error = future.exception()
+        output = None if error is not None else future.result()
+        message = None if error is None else f"{type(error).__name__}: {error}"
+        results.put((job, output, message, session.take_stats()))
+
+    while (item := jobs.get()) is not None:
+        job, sources = item
+        try:
+            session.submit(sources).add_done_callback(lambda future, job=job: answer(job, future))
+        except Exception as error:
+            results.put((job, None, f"{type(error).__name__}: {error}", None))
+    session.close()
+    results.put(("closed", None, None, None))
+
+
+class StepSessionProcess:
+    """A `StepSession` in a child process of its own (spawned), as `SessionProcess` is for request-level batches:
+    no step's Python waits for the event loop's on one interpreter lock. A child that dies fails what it was
+    translating with `SessionLost`, and a new one is started for the next submission."""
+
+    def __init__(self, folder, provider: str, intra_op_num_threads: int, max_sentences: int, overrides: dict,
+                 start_timeout: float = 300.0):  # fmt: skip
+        import multiprocessing
+
+        self.export_folder = ExportFolder.of(folder)
+        self.folder = self.export_folder.path
+        self.tokenizer, self.settings = self.export_folder.tokenizer, self.export_folder.settings
+        self.config = self.export_folder.config
+        self._arguments = (str(self.folder), provider, intra_op_num_threads, max_sentences, overrides)
+        self._context = multiprocessing.get_context("spawn")
+        self._start_timeout = start_timeout
+        self._lock = threading.Lock()
+        self._futures: dict[int, Future] = {}
+        self._next_job = 0
+        self._stats: list = []
+        self._start()
+
+    def _start(self) -> None:
+        self._jobs, self._results = self._context.Queue(), self._context.Queue()
+        self._process = self._context.Process(
+            target=_step_session_main, args=(*self._arguments, self._jobs, self._results, os.getpid()), daemon=True
+        )
+        self._process.start()
+        try:
+            _, pid, error, _ = self._results.get(timeout=self._start_timeout)
+        except Exception:
+            pid, error = None, f"it did not load within {self._start_timeout:g} s"
+        if error is not None:
+            self._process.kill()
+            raise ValueError(f"{self.folder}: the step session could not be started: {error}")
+        self.pid = pid
+        self._reader = threading.Thread(target=self._read, name="vt-step-results", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        """Resolve the futures from the child's answers; fail the outstanding ones if it dies."""
+        while True:
+            try:
+                job, output, error, stats = self._results.get(timeout=1.0)
+            except Exception:  # queue.Empty: check that the child is alive
+                if self._process.is_alive():
+                    continue
+                with self._lock:
+                    lost, self._futures = list(self._futures.values()), {}
+                for future in lost:
+                    future.set_exception(SessionLost("the step session's process ended; a new one is started"))
+                return
+            if job == "closed":
+                return
+            if stats is not None:
+                self._stats.append(stats)
+            with self._lock:
+                future = self._futures.pop(job, None)
+            if future is None:
+                continue
+            if error is not None:
+                future.set_exception(RuntimeError(error))
+            else:
+                future.set_result(output)
+
+    def submit(self, sources: list[list[int]]) -> Future:
+        future: Future = Future()
+        with self._lock:
+            if not self._process.is_alive():
+                logger.error("The step session process of %s ended; starting a new one", self.folder)
+                self._start()
+            job, self._next_job = self._next_job, self._next_job + 1
+            self._futures[job] = future
+        self._jobs.put((job, [list(map(int, ids)) for ids in sources]))
+        return future
+
+    def take_stats(self):
+        """The decoder steps the child reported since the last call (summed)."""
+        from ..step_batching import StepStats
+
+        taken, self._stats = self._stats, []
+        total = StepStats()
+        for stats in taken:
+            total.steps, total.rows, total.seconds = total.steps + stats.steps, total.rows + stats.rows, \
+                total.seconds + stats.seconds  # fmt: skip
+        return total
+
+    def close(self) -> None:
+        """End the child once everything submitted is answered."""
+        if self._process.is_alive():
+            self._jobs.put(None)
+            self._reader.join()
+        self._process.join(timeout=10)
+        if self._process.is_alive():
+            self._process.kill()
+
+    def __reduce__(self):
+        raise TypeError("a StepSessionProcess belongs to the process that started it and cannot be pickled")
