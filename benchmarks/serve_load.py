@@ -1,20 +1,21 @@
-"""Load benchmark of `vt-serve`: closed-loop clients against a live server, with and without cross-request batching.
+"""Load benchmark of `vt-serve`: closed-loop clients against a live server, with and without cross-request batching,
+and open-loop (Poisson) arrivals.
 
     vt-export-onnx --model outputs/main_job/model --output outputs/main_job/onnx-int8 --quantize int8
     python -m benchmarks.serve_load --model outputs/main_job/onnx-int8 --num_beams 4
     python -m benchmarks.serve_load --model onnx/base-int8 --clients 1 8 32 128 --seconds 20
 
-For each server mode (cross-request batching on; off, `--no_batching`) a fresh `vt-serve` subprocess serves the
-folder on a loopback port. At each concurrency level N, N asyncio clients (httpx) each send one UI string a request,
-waiting for the answer before sending the next, for `--seconds` after a short warm-up; strings are the English side
-of `--texts` (the held-out gettext test split by default), cycled from a fixed seed. "1 client" is one request at a
-time, whose p50 is the single-request latency the goals refer to. Reported: sentences/s, p50 and p99 latency, failed
-requests, the server's CPU use (process CPU seconds per wall second, all its threads) and the load generator's
-(each client holds its own connection, as separate users do: one shared connection pool cost the generator most of
-a core at 128 clients, and that row then measured the generator). Results go to
-`benchmarks/results/serve_load.json`. Not a timed test.
+For each server mode of `--modes` (request-level batching; step-level, `--step_batching`; off, `--no_batching`) a
+fresh `vt-serve` subprocess serves the folder on a loopback port. At each concurrency level N, N asyncio clients
+(httpx) each send one UI string a request, waiting for the answer before sending the next, for `--seconds` after a
+short warm-up; strings are the English side of `--texts` (the held-out gettext test split by default), cycled from a
+fixed seed. "1 client" is one request at a time, whose p50 is the single-request latency the goals refer to.
+Reported: sentences/s, p50 and p99 latency, failed requests, the server's CPU use (process CPU seconds per wall
+second, all its threads) and the load generator's (each client holds its own connection, as separate users do: one
+shared connection pool cost the generator most of a core at 128 clients, and that row then measured the generator).
+Results go to `benchmarks/results/serve_load.json`. Not a timed test.
 
-`--open_loop F ...` adds open-loop rows to the batching server: requests arrive as a Poisson stream at F times the
+`--open_loop F ...` adds open-loop rows to each batching server: requests arrive as a Poisson stream at F times the
 capacity measured at the largest `--clients` level (each request its own task, not waiting for any other), for
 `--seconds` each, with `--paragraphs P` of them paragraphs (5 to 8 sentences joined) among the UI strings. Reported
 per row: offered and achieved requests/s, p50/p99/max latency of the answered requests (and of the one-line ones
@@ -41,6 +42,12 @@ import httpx
 
 from benchmarks.common import process_tree, read_tsv
 
+# --modes: the name a row carries and the server's flags
+MODES = {
+    "batching": ("batching", []),
+    "step": ("step-level", ["--step_batching"]),
+    "off": ("batching off", ["--no_batching"]),
+}
 DEFAULT_TEXTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "gettext-en-de" / "test.tsv"
 RESULTS = Path(__file__).resolve().parent / "results" / "serve_load.json"
 
@@ -219,17 +226,17 @@ def run_mode(args, name: str, extra: list[str], texts: list[str], port: int) -> 
                 f"CPU {row['cpu_cores']:.2f} cores (load generator {row['generator_cpu_cores']:.2f})",
                 flush=True,
             )
-        if name == "batching" and args.open_loop:
+        if name != "batching off" and args.open_loop:
             capacity = rows[-1]["sentences_per_s"]  # the largest --clients level
             for fraction in args.open_loop:
                 row = asyncio.run(
                     open_loop(url, pair, texts, fraction * capacity, args.seconds, args.paragraphs, seed=1)
                 )
-                row.update(mode="open loop", fraction=fraction, paragraphs=args.paragraphs)
+                row.update(mode=f"open loop, {name}", fraction=fraction, paragraphs=args.paragraphs)
                 rows.append(row)
                 print(
-                    f"open loop {fraction:4.0%} of {capacity:.0f}/s: offered {row['offered_per_s']:.1f}/s, achieved "
-                    f"{row['achieved_per_s']:.1f}/s, p50 {row['p50_ms'] or 0:.0f} ms, "
+                    f"{name}, open loop {fraction:4.0%} of {capacity:.0f}/s: offered {row['offered_per_s']:.1f}/s, "
+                    f"achieved {row['achieved_per_s']:.1f}/s, p50 {row['p50_ms'] or 0:.0f} ms, "
                     f"p99 {row['p99_ms'] or 0:.0f} ms, "
                     f"max {row['max_ms'] or 0:.0f} ms, one-line p99 {row['lines_p99_ms'] or 0:.0f} ms, refused "
                     f"{row['refused']} (p99 {row['refused_p99_ms'] or 0:.0f} ms), errors {row['errors']}",
@@ -260,28 +267,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--paragraphs", type=float, default=0.0, help="share of open-loop requests that are paragraphs"
     )
+    parser.add_argument(
+        "--modes", nargs="+", default=["batching", "off"], choices=list(MODES),
+        help="servers to measure, one after the other: request-level batching, step-level (--step_batching), "
+        "batching off (--no_batching)",
+    )  # fmt: skip
     parser.add_argument("--port", type=int, default=5077)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     texts = read_tsv(args.texts)[0]
     common_flags = ["--num_beams", str(args.num_beams), *args.server_args.split()]
-    rows = run_mode(args, "batching", common_flags, texts, args.port)
-    rows += run_mode(args, "batching off", [*common_flags, "--no_batching"], texts, args.port + 1)
-    single = next(r for r in rows if r["mode"] == "batching" and r["clients"] == 1)
-    print(
-        "\n| clients | batching: sentences/s | p50 ms | p99 ms | CPU cores | off: sentences/s | p50 ms | p99 ms "
-        "| speed-up | p99 / single | failed |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for clients in args.clients:  # the closed-loop levels
-        on = next(r for r in rows if r["mode"] == "batching" and r["clients"] == clients)
-        off = next(r for r in rows if r["mode"] == "batching off" and r["clients"] == clients)
-        print(
-            f"| {clients} | {on['sentences_per_s']:.1f} | {on['p50_ms']:.0f} | {on['p99_ms']:.0f} | "
-            f"{on['cpu_cores']:.2f} | {off['sentences_per_s']:.1f} | {off['p50_ms']:.0f} | {off['p99_ms']:.0f} | "
-            f"{on['sentences_per_s'] / off['sentences_per_s']:.2f}x | {on['p99_ms'] / single['p50_ms']:.2f}x | "
-            f"{on['failed']} / {off['failed']} |"
-        )
+    rows = []
+    for offset, mode in enumerate(args.modes):
+        rows += run_mode(args, MODES[mode][0], [*common_flags, *MODES[mode][1]], texts, args.port + offset)
+    single = {row["mode"]: row["p50_ms"] for row in rows if row.get("clients") == 1}
+    print("\n| server | clients | sentences/s | p50 ms | p99 ms | p99 / one at a time (p50) | CPU cores | failed |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        if "clients" in row:  # the closed-loop levels
+            print(
+                f"| {row['mode']} | {row['clients']} | {row['sentences_per_s']:.1f} | {row['p50_ms']:.0f} | "
+                f"{row['p99_ms']:.0f} | {row['p99_ms'] / single[row['mode']]:.2f}x | {row['cpu_cores']:.2f} | "
+                f"{row['failed']} |"
+            )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     record = {"model": args.model, "num_beams": args.num_beams, "server_args": args.server_args, "rows": rows}
     args.output.write_text(json.dumps(record, indent=2) + "\n")
