@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import time
 
@@ -603,6 +604,17 @@ def test_a_folder_that_is_not_an_export_stops_the_server(tmp_path):
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 2
     assert stderr.strip().count("\n") == 0 and str(tmp_path) in stderr and "encoder_model.onnx" in stderr
+
+
+def test_step_batching_on_a_folder_of_an_older_format_stops_the_server(tmp_path):
+    folder = tmp_path / "onnx"
+    shutil.copytree(trained_export_dir(), folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "format_version": 2}))
+    process, _ = serve_process(f"en-de={folder}", "--step_batching")
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 2
+    assert stderr.strip().count("\n") == 0 and "format 3" in stderr and "vt-export-onnx" in stderr
 
 
 def test_folder_without_languages_asks_for_the_pair(tmp_path):

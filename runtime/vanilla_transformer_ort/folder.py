@@ -18,6 +18,7 @@ from .contract import (
     EXPORT_AGAIN,
     GENERATION_CONFIG_FILE,
     GRAPH_FILES,
+    INPLACE_DECODER_FILE,
     MANIFEST_FILE,
     TOKENIZER_FILE,
     language_pair,
@@ -172,6 +173,11 @@ class ExportFolder:
     def has(self, graph: str) -> bool:
         """Whether the folder holds `graph` (one of `contract.GRAPH_FILES`)."""
         return graph in self.graphs
+
+    @property
+    def has_per_row_lengths(self) -> bool:
+        """Whether the in-place decoder takes each row's own length (export format 3), as step-level batching needs."""
+        return self.has(INPLACE_DECODER_FILE) and self.manifest.get("format_version", 1) >= 3
 
     @property
     def quantization(self) -> str | None:

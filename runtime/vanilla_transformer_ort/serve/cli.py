@@ -214,6 +214,7 @@ def build_server(args: argparse.Namespace):
     """A `uvicorn.Server` for the parsed arguments (ValueError for a bad folder or setting)."""
     import uvicorn
 
+    from ..contract import EXPORT_AGAIN
     from .app import create_app
     from .models import check_unique, parse_model_spec
     from .service import TranslationService
@@ -224,6 +225,12 @@ def build_server(args: argparse.Namespace):
     specs = [parse_model_spec(model) for model in models]
     check_unique(specs)
     settings = settings_from_args(args)
+    for spec in specs if settings.step_batching else ():
+        if not spec.export_folder.has_per_row_lengths:
+            raise ValueError(
+                f"{spec.folder}: --step_batching needs an export of format 3 (the in-place decoder with per-row "
+                f"lengths); {EXPORT_AGAIN}"
+            )
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     service = TranslationService(specs, settings)
