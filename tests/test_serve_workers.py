@@ -1,5 +1,6 @@
-"""`SessionProcess`: an `OrtTranslator` in a child process, checked against the same translator in this process (the
-oracle), and what happens when the child is killed, signalled, cannot load its folder, or is closed."""
+"""`SessionProcess` and `StepSessionProcess`: an `OrtTranslator` (or a `StepBatcher` of one) in a child process,
+checked against the same translator in this process (the oracle), and what happens when the child is killed,
+signalled, cannot load its folder, or is closed."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from tests.onnx_helpers import SENTENCES, trained_export_dir
 from vanilla_transformer_ort import OrtTranslator
 from vanilla_transformer_ort.serve.batching import SessionLost
 from vanilla_transformer_ort.serve.settings import ServeSettings
-from vanilla_transformer_ort.serve.workers import SessionProcess, start_sessions
+from vanilla_transformer_ort.serve.workers import SessionProcess, StepSessionProcess, start_sessions
+from vanilla_transformer_ort.worker_pool import SESSION_NICENESS
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +167,51 @@ def test_session_workers_setting():
     assert ServeSettings(session_workers="thread").session_workers == "thread"
     with pytest.raises(ValueError, match="session_workers must be one of process, thread"):
         ServeSettings(session_workers="fork")
+
+
+def test_session_processes_run_below_the_server(session):
+    """Decoding takes the CPU the server leaves: the server's own process answers and refuses without waiting."""
+    assert os.getpriority(os.PRIO_PROCESS, session.pid) == os.getpriority(os.PRIO_PROCESS, 0) + SESSION_NICENESS
+
+
+# -- step-level batching in a child process ---------------------------------------------------------------------------
+
+
+def _padded(sources):
+    ids = np.zeros((len(sources), max(map(len, sources))), np.int64)
+    for row, source in enumerate(sources):
+        ids[row, : len(source)] = source
+    return ids, (ids != 0).astype(np.int64)
+
+
+def test_a_step_session_process_answers_what_generate_gives(oracle):
+    session = StepSessionProcess(trained_export_dir(), "cpu", 1, max_sentences=4, overrides={"num_beams": 2})
+    try:
+        assert session.pid != os.getpid() and alive(session.pid)
+        assert os.getpriority(os.PRIO_PROCESS, session.pid) == os.getpriority(os.PRIO_PROCESS, 0) + SESSION_NICENESS
+        cohorts = [[ids] for ids in (e.ids for e in oracle.tokenizer.encode_batch(SENTENCES))]
+        cohorts.append([e.ids for e in oracle.tokenizer.encode_batch(SENTENCES)])  # more sources than places
+        futures = [session.submit(cohort) for cohort in cohorts]
+        for cohort, future in zip(cohorts, futures, strict=True):
+            np.testing.assert_array_equal(future.result(timeout=60), oracle.generate(*_padded(cohort), num_beams=2))
+        stats = session.take_stats()
+        assert stats.steps > 0 and stats.rows >= 2 * stats.steps
+    finally:
+        session.close()
+    assert not alive(session.pid)
+
+
+def test_a_killed_step_session_fails_what_it_was_translating_and_is_replaced(oracle):
+    session = StepSessionProcess(trained_export_dir(), "cpu", 1, max_sentences=4, overrides={"max_new_tokens": 400})
+    try:
+        first = session.pid
+        sources = [e.ids for e in oracle.tokenizer.encode_batch(SENTENCES)]
+        in_flight = session.submit(sources)
+        os.kill(first, signal.SIGKILL)
+        with pytest.raises(SessionLost, match="process ended"):
+            in_flight.result(timeout=30)
+        answer = session.submit(sources[:1]).result(timeout=60)
+        assert session.pid != first and alive(session.pid)
+        np.testing.assert_array_equal(answer, oracle.generate(*_padded(sources[:1]), max_new_tokens=400))
+    finally:
+        session.close()

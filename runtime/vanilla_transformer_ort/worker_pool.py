@@ -53,11 +53,19 @@ def _exit_with(parent: int, interval: float = 1.0) -> None:
     os._exit(0)
 
 
+# How much lower than the server a session process runs: decoding takes whatever CPU is left, and the server's own
+# process (parsing, admission, answers: little work, but on every request's path) is never starved by it.
+SESSION_NICENESS = 5
+
+
 def shield(parent: int) -> None:
     """In a server's child process: ignore SIGINT and SIGTERM (the server decides when its sessions end, after the
-    work in flight) and end once `parent` is gone (killed with SIGKILL, so that it could not close them)."""
+    work in flight), end once `parent` is gone (killed with SIGKILL, so that it could not close them), and run
+    `SESSION_NICENESS` lower than the server."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    if hasattr(os, "nice"):
+        os.nice(SESSION_NICENESS)
     threading.Thread(target=_exit_with, args=(parent,), name="vt-parent-watch", daemon=True).start()
 
 
