@@ -70,9 +70,11 @@ def test_cohorts_joining_a_running_batch_equal_generate(translator, num_beams):
 
 
 def test_buffers_grow_and_shrink_with_the_batch(translator, monkeypatch):
-    """Sources and outputs longer than the buffers' capacities, joining short ones, and short ones after they left."""
+    """More sources than the buffers hold at first, sources and outputs longer than their capacities, joining short
+    ones, and short ones after they left."""
     monkeypatch.setattr(step_batching, "INITIAL_SOURCE_CAPACITY", 4)
     monkeypatch.setattr(step_batching, "INITIAL_CACHE_CAPACITY", 3)
+    monkeypatch.setattr(step_batching, "INITIAL_SLOTS", 1)
     long_ones = _sources(4, seed=7, longest=30)
     short_ones = _sources(12, seed=8, longest=3)
     cohorts = [long_ones[:2], short_ones[:4], long_ones[2:], short_ones[4:8], short_ones[8:]]

@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 INITIAL_SOURCE_CAPACITY = 32  # source positions of the cross-attention buffers at first; they double when needed
 INITIAL_CACHE_CAPACITY = 32  # decoded positions of the self-attention buffers at first; they double when needed
+INITIAL_SLOTS = 8  # sources the buffers hold at first; they double as the batch grows, up to max_sentences
 
 
 @dataclass
@@ -133,16 +134,18 @@ class StepBatcher:
         decoder_inputs = [i.name for i in self.session.get_inputs()]
         own = [name for name in decoder_inputs if ".decoder." in name]  # past_key_values.{i}.decoder.*
         self.cross_names = [name for name in decoder_inputs if ".encoder." in name]
-        rows = max_sentences * self.num_beams
+        # Buffers for `slots` sources at first; they double with the batch, up to max_sentences.
+        slots = min(max_sentences, INITIAL_SLOTS)
+        rows = slots * self.num_beams
         self.own = {name: np.zeros((rows, heads, INITIAL_CACHE_CAPACITY, d_head), np.float32) for name in own}
-        self.cross = {name: np.zeros((max_sentences, heads, INITIAL_SOURCE_CAPACITY, d_head), np.float32)
+        self.cross = {name: np.zeros((slots, heads, INITIAL_SOURCE_CAPACITY, d_head), np.float32)
                       for name in self.cross_names}  # fmt: skip
-        self.mask = np.zeros((max_sentences, INITIAL_SOURCE_CAPACITY), np.int64)
-        self.source_lengths = np.zeros(max_sentences, np.int64)
+        self.mask = np.zeros((slots, INITIAL_SOURCE_CAPACITY), np.int64)
+        self.source_lengths = np.zeros(slots, np.int64)
         self.lengths = np.zeros(rows, np.int32)  # decoded positions of each row
         self.tokens = np.zeros((rows, 1), np.int64)
         self.logits = np.empty((rows, 1, self.vocab_size), np.float32)
-        self.owner: list[CohortState | None] = [None] * max_sentences
+        self.owner: list[CohortState | None] = [None] * slots
         self.used = 0  # slots [0, used) are in the batch; those in `freed` are holes until the next step
         self.freed: list[int] = []
         self.cohorts: list[CohortState] = []
@@ -241,6 +244,8 @@ class StepBatcher:
             for job in jobs:
                 count = len(job.sources)
                 slots = self._take_slots(count)
+                if self.used > self.mask.shape[0]:
+                    self._resize_slots(self.used)
                 for name, value in cross.items():
                     self.cross[name][slots, :, : value.shape[2]] = value[start : start + count]
                 self.mask[slots] = 0
@@ -287,6 +292,8 @@ class StepBatcher:
         """One decoder run over every row of the batch (all cohorts have asked for it), each at its own length."""
         with self._condition:
             self._compact()
+            if self.logits.shape[0] < self.tokens.shape[0]:  # the slots grew at a join: the buffers cohorts use too
+                self._resize_rows()
             for cohort in self.cohorts:
                 self.tokens[cohort.rows()] = cohort.tokens
             rows = self.used * self.num_beams
@@ -374,6 +381,33 @@ class StepBatcher:
         self.lengths[rows_to] = self.lengths[rows_from]
         self.owner[target], self.owner[source] = cohort, None
         cohort.slots[cohort.slots == source] = target
+
+    def _resize_slots(self, needed: int) -> None:
+        """Slot-indexed buffers for at least `needed` sources (doubling, up to max_sentences), the batch's copied:
+        those only this thread touches. The self-attention cache and the logits, which the cohorts' searches read and
+        reorder, follow in `_resize_rows` once every search waits for the next step."""
+        old = self.mask.shape[0]
+        slots = min(self.max_sentences, max(needed, 2 * old))
+        rows = slots * self.num_beams
+
+        def grown(array: np.ndarray, length: int) -> np.ndarray:
+            new = np.zeros((length, *array.shape[1:]), array.dtype)
+            new[: array.shape[0]] = array
+            return new
+
+        self.cross = {name: grown(value, slots) for name, value in self.cross.items()}
+        self.mask, self.source_lengths = grown(self.mask, slots), grown(self.source_lengths, slots)
+        self.lengths, self.tokens = grown(self.lengths, rows), grown(self.tokens, rows)
+        self.owner += [None] * (slots - old)
+
+    def _resize_rows(self) -> None:
+        """The self-attention cache and the logits for as many rows as the slot-indexed buffers hold."""
+        rows = self.tokens.shape[0]
+        for name, old in self.own.items():
+            new = np.zeros((rows, *old.shape[1:]), np.float32)
+            new[: old.shape[0]] = old
+            self.own[name] = new
+        self.logits = np.empty((rows, 1, self.vocab_size), np.float32)
 
     def _resize_sources(self, capacity: int) -> None:
         """Cross-attention buffers for `capacity` source positions (the batch's slots copied)."""
