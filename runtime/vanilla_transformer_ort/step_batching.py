@@ -68,6 +68,7 @@ class CohortState(CacheState):
         self.batcher, self.slots = batcher, slots  # (sentences,) the slot of each of its sentences, in search order
         self.tokens: np.ndarray | None = None  # (rows, 1) the tokens of its next step, once asked for
         self.length = 0  # decoded positions of each of its rows (they advance together)
+        self.stepped = threading.Event()  # set when the batch has run the step it asked for
 
     def rows(self) -> np.ndarray:
         """(sentences x beams,) the batch rows of this cohort, in its search order."""
@@ -280,11 +281,11 @@ class StepBatcher:
     def _step(self, cohort: CohortState, last_tokens: np.ndarray) -> np.ndarray:
         """Called by a cohort's search: wait for the batch's next decoder run, then its rows' logits (a copy)."""
         with self._condition:
-            done = cohort.length
+            cohort.stepped.clear()
             cohort.tokens = np.asarray(last_tokens, dtype=np.int64).reshape(-1, 1)
-            self._condition.notify_all()
-            while cohort.length == done:
-                self._condition.wait()
+            self._condition.notify_all()  # only the batch's thread waits on it: the cohorts wait on their own event
+        cohort.stepped.wait()
+        with self._condition:
             rows = cohort.rows()
         return self.logits[rows]  # stays valid until this cohort asks for its next step
 
@@ -308,10 +309,10 @@ class StepBatcher:
             for cohort in self.cohorts:
                 cohort.tokens = None
                 cohort.length += 1
+                cohort.stepped.set()
             self.stats.steps += 1
             self.stats.rows += rows
             self.stats.seconds += seconds
-            self._condition.notify_all()
 
     def _decode(self, rows: int, total: int) -> None:
         ort = self.ort
