@@ -138,7 +138,7 @@ def html_answer(model, q, **settings):
     service = make_service(**settings)
     sent: list[str] = []
 
-    async def fake_model(pair, texts):
+    async def fake_model(pair, texts, admitted=False):
         sent.extend(texts)
         return [model(text) for text in texts]
 
@@ -438,7 +438,8 @@ def test_admission_control_refuses_the_excess_at_once_and_finishes_what_it_accep
     """At 0.3 s a segment (one session, one segment a batch) the service rate is about 3.3 segments/s: with
     max_queue_seconds 0.5, a request behind a queued segment would start 0.9 s later, so it is a 503 at once, with a
     Retry-After that covers the excess; the accepted requests are answered; a request that finds the queue empty is
-    always admitted; /metrics counts the refusal and shows the expected wait."""
+    always admitted; /metrics counts the refusal and shows the expected wait. The placeholder retries of a request
+    admitted before are not refused: admission is decided once a request."""
     service = make_service(delay=0.3, max_batch_size=1, max_queue_seconds=0.5, request_timeout=10)
 
     async def scenario(client):
@@ -451,9 +452,12 @@ def test_admission_control_refuses_the_excess_at_once_and_finishes_what_it_accep
         refused = await post(client, q=["e", "f"])
         refused_after = time.perf_counter() - started
         metrics = (await client.get("/metrics")).text
-        return warm, refused, refused_after, await first, await second, metrics
+        # more work of an admitted request (its placeholder retries) is not refused at the same moment
+        retried = await service._translate_segments(service.pairs[("en", "de")], ["e", "f"], admitted=True)
+        return warm, refused, refused_after, await first, await second, metrics, retried
 
-    warm, refused, refused_after, first, second, metrics = run_app(service, scenario)
+    warm, refused, refused_after, first, second, metrics, retried = run_app(service, scenario)
+    assert len(retried) == 2
     assert warm.status_code == first.status_code == second.status_code == 200
     assert refused.status_code == 503 and "at capacity" in refused.json()["error"]
     assert refused.headers["retry-after"] == "1"  # ceil(0.9 s expected - 0.5 s allowed)
@@ -799,7 +803,7 @@ def test_placeholders_survive_a_model_that_drops_them():
     service = make_service()
     sent: list[list[str]] = []
 
-    async def fake_model(pair, texts):
+    async def fake_model(pair, texts, admitted=False):
         sent.append(list(texts))
         # "translates" by upper-casing (%s becomes %S: a broken placeholder); drops the mask %2
         return [text.upper().replace("%2", "") for text in texts]
@@ -823,7 +827,7 @@ def test_placeholders_survive_a_model_that_drops_them():
 def test_without_protection_placeholders_are_the_model_s_business():
     service = make_service(protect_placeholders=False)
 
-    async def fake_model(pair, texts):
+    async def fake_model(pair, texts, admitted=False):
         return [text.upper() for text in texts]
 
     service._translate_segments = fake_model

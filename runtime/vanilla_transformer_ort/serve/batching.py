@@ -221,15 +221,16 @@ class BatchScheduler:
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vt-session")
         self._task = asyncio.create_task(self._schedule(), name="vt-batch-scheduler")
 
-    def submit(self, texts: list[str]) -> list[asyncio.Future]:
+    def submit(self, texts: list[str], admitted: bool = False) -> list[asyncio.Future]:
         """Queue one request's segments; returns a future per segment (its translation). Raises `QueueFull`,
         `Overloaded` or `ShuttingDown`; nothing is queued then. A request that finds the queue empty is always
-        admitted, however long it is (it is refused by its size limits, not by the rate)."""
-        if self._closing or self._task is None:
+        admitted, however long it is (it is refused by its size limits, not by the rate). `admitted`: more work of
+        a request admitted before (its placeholder retries), never refused while the scheduler runs."""
+        if (self._closing and not admitted) or self._task is None:
             raise ShuttingDown("the server is shutting down")
-        if len(self._queue) + len(texts) > self.max_queue:
+        if not admitted and len(self._queue) + len(texts) > self.max_queue:
             raise QueueFull(f"the queue holds {len(self._queue)} of {self.max_queue} segments; retry shortly")
-        wait = self.expected_wait(len(texts))
+        wait = None if admitted else self.expected_wait(len(texts))
         if self.max_queue_seconds is not None and wait is not None and wait > self.max_queue_seconds and self._queue:
             raise Overloaded(
                 f"the queued work takes {wait:.1f} s at the measured rate, over {self.max_queue_seconds:g} s",

@@ -9,8 +9,10 @@ inline tags), identical segments of one request are translated once, every segme
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -23,6 +25,9 @@ from .step_scheduling import StepScheduler
 from .text import join, split
 
 logger = logging.getLogger(__name__)
+
+# Threads for the placeholder retries of admitted requests (each waits on the scheduler, not on the CPU).
+RETRY_THREADS = 256
 T = TypeVar("T")
 
 
@@ -184,6 +189,7 @@ class TranslationService:
         self.pairs: dict[tuple[str, str], ServedPair] = {}
         self.ready = False
         self.draining = False
+        self._retries = ThreadPoolExecutor(max_workers=RETRY_THREADS, thread_name_prefix="vt-retry")
 
     # -- life cycle ---------------------------------------------------------------------------------------------
 
@@ -233,6 +239,7 @@ class TranslationService:
         self.draining = True
         self.ready = False
         await asyncio.gather(*(pair.scheduler.close() for pair in self.pairs.values()))
+        self._retries.shutdown(wait=False)
         for pair in self.pairs.values():  # session processes end once their last batch is done
             for translator in pair.engine.translators:
                 if callable(getattr(translator, "close", None)):
@@ -303,10 +310,11 @@ class TranslationService:
         by_segment = dict(zip(segments, translations, strict=True))
         return [join(pieces, [by_segment[p.source] for p in pieces if p.translate]) for pieces in cut]
 
-    async def _translate_segments(self, pair: ServedPair, segments: list[str]) -> list[str]:
-        """The model's translations of `segments`, through the pair's batch scheduler."""
+    async def _translate_segments(self, pair: ServedPair, segments: list[str], admitted: bool = False) -> list[str]:
+        """The model's translations of `segments`, through the pair's batch scheduler. `admitted`: more work of a
+        request admitted already (a placeholder retry), which admission control does not refuse."""
         try:
-            futures = pair.scheduler.submit(segments)
+            futures = pair.scheduler.submit(segments, admitted=admitted)
         except QueueFull as error:
             self.metrics.rejected.labels("queue_full").inc()
             raise RequestError(429, f"too many requests are waiting ({error}); slow down") from None
@@ -350,13 +358,16 @@ class TranslationService:
             translations.append(restore(raw[item.masked], item) if item.is_translatable else segment)
         failing = [index for index, translation in enumerate(translations) if translation is None]
         if failing:
-            results = await asyncio.to_thread(
+            retry = functools.partial(
                 translate_protected,
-                self._blocking_translate_batch(pair, asyncio.get_running_loop()),
+                self._blocking_translate_batch(pair, asyncio.get_running_loop(), admitted=True),
                 [segments[index] for index in failing],
                 style=DEFAULT_RETRY[0],  # the first attempt, as it is, was made above
                 retry=DEFAULT_RETRY[1:],
             )
+            # Threads of their own: a retry waits on the scheduler, and asyncio's default pool (a few threads)
+            # would queue the retries of an admitted request behind each other, outside admission control.
+            results = await asyncio.get_running_loop().run_in_executor(self._retries, retry)
             for index, result in zip(failing, results, strict=True):
                 if result.translation is None:
                     self.metrics.untranslated.inc()
@@ -365,13 +376,15 @@ class TranslationService:
         return translations
 
     def _blocking_translate_batch(
-        self, pair: ServedPair, loop: asyncio.AbstractEventLoop
+        self, pair: ServedPair, loop: asyncio.AbstractEventLoop, admitted: bool = False
     ) -> Callable[[list[str]], list[str]]:
         """`translate_batch(texts) -> translations` for a worker thread: the texts go as they are (no segmenting, no
-        placeholder protection: the caller does both) through the pair's batch scheduler on `loop`."""
+        placeholder protection: the caller does both) through the pair's batch scheduler on `loop`; `admitted` as in
+        `_translate_segments`."""
 
         def translate_batch(texts: list[str]) -> list[str]:
-            future = asyncio.run_coroutine_threadsafe(self._translate_segments(pair, list(texts)), loop)
+            work = self._translate_segments(pair, list(texts), admitted=admitted)
+            future = asyncio.run_coroutine_threadsafe(work, loop)
             return future.result()
 
         return translate_batch

@@ -98,15 +98,15 @@ class StepScheduler:
     async def start(self) -> None:
         self._started = True
 
-    def submit(self, texts: list[str]) -> list[asyncio.Future]:
+    def submit(self, texts: list[str], admitted: bool = False) -> list[asyncio.Future]:
         """One request's segments to the least busy session; a future per segment (its translation). Raises
         `QueueFull`, `Overloaded` or `ShuttingDown`; nothing is submitted then. A request that finds a place free is
-        always admitted."""
-        if self._closing or not self._started:
+        always admitted; `admitted`: more work of a request admitted before, never refused while sessions run."""
+        if (self._closing and not admitted) or not self._started:
             raise ShuttingDown("the server is shutting down")
-        if self.queue_depth + len(texts) > self.max_queue:
+        if not admitted and self.queue_depth + len(texts) > self.max_queue:
             raise QueueFull(f"{self.queue_depth} segments wait already, the most is {self.max_queue}")
-        wait = self.expected_wait(len(texts))
+        wait = None if admitted else self.expected_wait(len(texts))
         if self.max_queue_seconds is not None and wait is not None and wait > self.max_queue_seconds:
             raise Overloaded(
                 f"the waiting work takes {wait:.1f} s at the measured rate, over {self.max_queue_seconds:g} s",
