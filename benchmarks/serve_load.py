@@ -287,7 +287,8 @@ def main(argv: list[str] | None = None) -> None:
         if "clients" in row:  # the closed-loop levels
             print(
                 f"| {row['mode']} | {row['clients']} | {row['sentences_per_s']:.1f} | {row['p50_ms']:.0f} | "
-                f"{row['p99_ms']:.0f} | {row['p99_ms'] / single[row['mode']]:.2f}x | {row['cpu_cores']:.2f} | "
+                f"{row['p99_ms']:.0f} | {row['p99_ms'] / single.get(row['mode'], float('nan')):.2f}x | "
+                f"{row['cpu_cores']:.2f} | "
                 f"{row['failed']} |"
             )
     args.output.parent.mkdir(parents=True, exist_ok=True)

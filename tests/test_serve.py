@@ -467,29 +467,30 @@ def test_admission_control_refuses_the_excess_at_once_and_finishes_what_it_accep
 
 
 def test_step_level_admission_refuses_what_would_wait_too_long_for_a_place():
-    """Step-level batching: the sources beyond the decoder batch's places wait; at the measured rate of answers, a
-    request whose segments would wait longer than max_queue_seconds is a 503 at once; one that finds a place is
-    always admitted."""
+    """Step-level batching: at the measured rate of answers, a request whose segments would be answered more than
+    max_queue_seconds from now, behind every segment submitted before (those decoding slow each step too, not only
+    those waiting for a place), is a 503 at once; one that finds nothing outstanding is always admitted."""
     from vanilla_transformer_ort.serve.step_scheduling import StepScheduler
 
     class Sessions:
         translators = [object()]
 
     scheduler = StepScheduler(Sessions(), max_sentences=4, max_queue_seconds=1.0)
-    assert scheduler.service_rate is None and scheduler.expected_wait(3) is None
+    assert scheduler.service_rate is None and scheduler.expected_wait(3) == 0  # nothing outstanding
+    scheduler._outstanding[0] = 1
+    assert scheduler.expected_wait(3) is None  # no rate measured yet: only max_queue applies
     now = time.monotonic()
     scheduler._answered.extend([(now - 2.0, 1), (now - 1.0, 2), (now, 2)])  # 4 segments answered in 2 s: 2/s
     assert scheduler.service_rate == pytest.approx(2.0)
-    scheduler._outstanding[0] = 5  # 4 decoding, 1 waiting
+    scheduler._outstanding[0] = 5  # 4 decoding, 1 waiting for a place
     assert scheduler.queue_depth == 1
-    assert scheduler.expected_wait(1) == pytest.approx(1.0)  # 2 waiting at 2/s
-    assert scheduler.expected_wait(2) == pytest.approx(1.5)
-    scheduler._outstanding[0] = 2
-    assert scheduler.expected_wait(2) == 0  # a place is free: no wait
+    assert scheduler.expected_wait(1) == pytest.approx(3.0)  # 6 segments at 2/s
+    scheduler._outstanding[0] = 0
+    assert scheduler.expected_wait(2) == 0  # nothing outstanding: no wait
 
     async def refused():
         await scheduler.start()
-        scheduler._outstanding[0] = 7
+        scheduler._outstanding[0] = 3
         with pytest.raises(Overloaded) as error:
             scheduler.submit(["a b"])
         return error.value.retry_after

@@ -4,8 +4,9 @@ they finish, instead of waiting for a batch to end or to fill.
 
 `StepScheduler` offers the batch scheduler's interface to the service (`submit`, `close`, `queue_depth`,
 `busy_sessions`, `expected_wait`, the same `QueueFull` / `Overloaded` / `ShuttingDown` refusals), so admission
-control works as it does for request-level batches: a request that would wait longer than `max_queue_seconds` for
-a place in a decoder batch, at the service rate measured from the answers, is refused at once with a 503.
+control works as it does for request-level batches: a request whose segments, behind all those submitted before,
+would be answered more than `max_queue_seconds` from now at the service rate measured from the answers, is refused
+at once with a 503.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ class StepScheduler:
         engine: the model's step sessions (`engine.translators`) and its tokenizer.
         max_sentences: sources each session decodes at once; beyond them, segments wait for a place.
         max_queue: waiting segments beyond which `submit` raises `QueueFull`.
-        max_queue_seconds: `submit` raises `Overloaded` when the waiting segments and the new request's would take
-            longer than this to get a place, at the measured service rate. None: only `max_queue` bounds them.
+        max_queue_seconds: `submit` raises `Overloaded` when the segments submitted and the new request's would take
+            longer than this to be answered, at the measured service rate. None: only `max_queue` bounds them.
         on_batch: called on the event loop with each answered request's `BatchStats` (its segments, source tokens,
             generated tokens and seconds from submission to answer).
         on_steps: called on the event loop with the sessions' `StepStats` (decoder steps, rows summed over them)
@@ -90,18 +91,22 @@ class StepScheduler:
         return sum(count for _, count in list(self._answered)[1:]) / seconds if seconds > 0 else None
 
     def expected_wait(self, segments: int = 0) -> float | None:
-        """Seconds until the waiting segments, and `segments` more, have a place, at `service_rate`."""
-        rate = self.service_rate
-        waiting = sum(self._outstanding) + segments - self.capacity
-        return None if rate is None else max(0, waiting) / rate
+        """Seconds until the segments submitted, and `segments` more, are answered, at `service_rate`: every
+        segment in a decoder batch slows the others' steps, so all of them count, not only those waiting for a
+        place; 0 while nothing is outstanding."""
+        rate, outstanding = self.service_rate, sum(self._outstanding)
+        if not outstanding:
+            return 0.0
+        return None if rate is None else (outstanding + segments) / rate
 
     async def start(self) -> None:
         self._started = True
 
     def submit(self, texts: list[str], admitted: bool = False) -> list[asyncio.Future]:
         """One request's segments to the least busy session; a future per segment (its translation). Raises
-        `QueueFull`, `Overloaded` or `ShuttingDown`; nothing is submitted then. A request that finds a place free is
-        always admitted; `admitted`: more work of a request admitted before, never refused while sessions run."""
+        `QueueFull`, `Overloaded` or `ShuttingDown`; nothing is submitted then. A request is always admitted when
+        nothing else is outstanding; `admitted`: more work of a request admitted before, never
+        refused while sessions run."""
         if (self._closing and not admitted) or not self._started:
             raise ShuttingDown("the server is shutting down")
         if not admitted and self.queue_depth + len(texts) > self.max_queue:
