@@ -115,3 +115,14 @@ def test_bad_input_and_folders_without_per_row_lengths(translator):
         batcher.close()
     with pytest.raises(RuntimeError, match="closed"):
         batcher.submit([[5, 2]])
+
+
+def test_a_fault_of_the_batch_fails_its_cohorts_instead_of_hanging(translator, monkeypatch):
+    batcher = StepBatcher(translator, max_sentences=4, max_new_tokens=8)
+    monkeypatch.setattr(batcher, "_decode", lambda rows, total: (_ for _ in ()).throw(MemoryError("no room")))
+    running = batcher.submit(_sources(2, seed=1))
+    with pytest.raises(RuntimeError, match="stopped: MemoryError"):
+        running.result(timeout=30)
+    with pytest.raises(RuntimeError, match="stopped: MemoryError"):
+        batcher.submit([[5, 2]])
+    batcher.close()

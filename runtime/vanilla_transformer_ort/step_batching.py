@@ -154,6 +154,7 @@ class StepBatcher:
         self.stats = StepStats()
         self._condition = threading.Condition()
         self._closing = False
+        self._failure: BaseException | None = None  # what stopped the batch's thread, if anything did
         self._thread = threading.Thread(target=self._loop, name="vt-step-batcher", daemon=True)
         self._thread.start()
 
@@ -173,7 +174,11 @@ class StepBatcher:
             _join_outputs(part_futures, future, self._fill_value())
         with self._condition:
             if self._closing:
-                raise RuntimeError("the step batcher is closed")
+                raise RuntimeError(
+                    "the step batcher is closed"
+                    if self._failure is None
+                    else f"the step batcher stopped: {self._failure!r}"
+                )
             self.pending.extend(
                 _Job([list(ids) for ids in part], f) for part, f in zip(parts, part_futures, strict=True)
             )
@@ -202,6 +207,19 @@ class StepBatcher:
     # -- the batch's thread ---------------------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        try:
+            self._schedule()
+        except BaseException as error:  # a fault of the batch itself: fail everything, never hang
+            logger.exception("The step batcher stopped")
+            with self._condition:
+                self._failure, self._closing = error, True
+                pending, self.pending = list(self.pending), deque()
+                for cohort in self.cohorts:
+                    cohort.stepped.set()
+            for job in pending:
+                job.future.set_exception(RuntimeError(f"the step batcher stopped: {error!r}"))
+
+    def _schedule(self) -> None:
         while True:
             with self._condition:
                 while True:
@@ -286,15 +304,17 @@ class StepBatcher:
             self._condition.notify_all()  # only the batch's thread waits on it: the cohorts wait on their own event
         cohort.stepped.wait()
         with self._condition:
+            if self._failure is not None:
+                raise RuntimeError(f"the step batcher stopped: {self._failure!r}")
             rows = cohort.rows()
         return self.logits[rows]  # stays valid until this cohort asks for its next step
 
     def _run_step(self) -> None:
         """One decoder run over every row of the batch (all cohorts have asked for it), each at its own length."""
         with self._condition:
-            self._compact()
             if self.logits.shape[0] < self.tokens.shape[0]:  # the slots grew at a join: the buffers cohorts use too
-                self._resize_rows()
+                self._resize_rows()  # first: compacting may move a slot that joined beyond the old rows
+            self._compact()
             for cohort in self.cohorts:
                 self.tokens[cohort.rows()] = cohort.tokens
             rows = self.used * self.num_beams

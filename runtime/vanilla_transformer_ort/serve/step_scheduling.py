@@ -21,8 +21,8 @@ from concurrent.futures import Future
 
 from .batching import BatchStats, Engine, Overloaded, QueueFull, ShuttingDown
 
-# Seconds of answers over which the service rate is measured.
-RATE_WINDOW = 10.0
+# Answers over which the service rate is measured.
+RATE_WINDOW = 64
 
 
 class StepScheduler:
@@ -59,7 +59,10 @@ class StepScheduler:
         self.max_queue, self.max_queue_seconds = max_queue, max_queue_seconds
         self.on_batch, self.on_steps = on_batch, on_steps
         self._outstanding = [0] * len(engine.translators)  # segments submitted and not yet answered, per session
-        self._answered: deque[tuple[float, int]] = deque()  # (time, segments) of the recent answers
+        # (segments, busy seconds since the previous answer) of the recent answers: the rate is what the sessions
+        # answer while they have work, not the rate of the requests that came (which admission itself limits)
+        self._answered: deque[tuple[int, float]] = deque(maxlen=RATE_WINDOW)
+        self._busy_since: float | None = None  # since when something is outstanding (or the previous answer)
         self._closing, self._started = False, False
         self._requests = itertools.count()
 
@@ -79,16 +82,16 @@ class StepScheduler:
 
     @property
     def service_rate(self) -> float | None:
-        """Segments answered per second over the last `RATE_WINDOW` seconds of answers; None before the first."""
-        if len(self._answered) < 2:
-            return None
+        """Segments answered per second while the sessions had work, over the last `RATE_WINDOW` answers; None
+        before the first."""
+        seconds = sum(busy for _, busy in self._answered)
+        return sum(count for count, _ in self._answered) / seconds if seconds > 0 else None
+
+    def _record_answer(self, segments: int) -> None:
         now = time.monotonic()
-        while self._answered and now - self._answered[0][0] > RATE_WINDOW:
-            self._answered.popleft()
-        if len(self._answered) < 2:
-            return None
-        seconds = self._answered[-1][0] - self._answered[0][0]
-        return sum(count for _, count in list(self._answered)[1:]) / seconds if seconds > 0 else None
+        if self._busy_since is not None:
+            self._answered.append((segments, now - self._busy_since))
+        self._busy_since = now if sum(self._outstanding) else None
 
     def expected_wait(self, segments: int = 0) -> float | None:
         """Seconds until the segments submitted, and `segments` more, are answered, at `service_rate`: every
@@ -120,6 +123,8 @@ class StepScheduler:
         loop = asyncio.get_running_loop()
         sources = self.engine.encode(list(texts))
         session = min(range(len(self._outstanding)), key=self._outstanding.__getitem__)
+        if not sum(self._outstanding):
+            self._busy_since = time.monotonic()
         self._outstanding[session] += len(sources)
         futures = [loop.create_future() for _ in sources]
         submitted = time.perf_counter()
@@ -133,7 +138,7 @@ class StepScheduler:
 
     def _answer(self, session: int, sources, futures: list[asyncio.Future], answer: Future, submitted: float) -> None:
         self._outstanding[session] -= len(sources)
-        self._answered.append((time.monotonic(), len(sources)))
+        self._record_answer(len(sources))
         error = answer.exception()
         if error is not None:
             for future in futures:
