@@ -467,7 +467,8 @@ def test_admission_control_refuses_the_excess_at_once_and_finishes_what_it_accep
 
 
 def test_step_level_admission_refuses_what_would_wait_too_long_for_a_place():
-    """Step-level batching: at the measured rate of answers, a request whose segments would be answered more than
+    """Step-level batching: at the rate the sessions answer while they have work (not the rate requests came at,
+    which admission itself limits), a request whose segments would be answered more than
     max_queue_seconds from now, behind every segment submitted before (those decoding slow each step too, not only
     those waiting for a place), is a 503 at once; one that finds nothing outstanding is always admitted."""
     from vanilla_transformer_ort.serve.step_scheduling import StepScheduler
@@ -479,8 +480,7 @@ def test_step_level_admission_refuses_what_would_wait_too_long_for_a_place():
     assert scheduler.service_rate is None and scheduler.expected_wait(3) == 0  # nothing outstanding
     scheduler._outstanding[0] = 1
     assert scheduler.expected_wait(3) is None  # no rate measured yet: only max_queue applies
-    now = time.monotonic()
-    scheduler._answered.extend([(now - 2.0, 1), (now - 1.0, 2), (now, 2)])  # 4 segments answered in 2 s: 2/s
+    scheduler._answered.extend([(1, 0.5), (2, 1.0), (1, 0.5)])  # 4 segments answered in 2 busy seconds: 2/s
     assert scheduler.service_rate == pytest.approx(2.0)
     scheduler._outstanding[0] = 5  # 4 decoding, 1 waiting for a place
     assert scheduler.queue_depth == 1
