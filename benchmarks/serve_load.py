@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -269,7 +271,13 @@ def run_mode(args, name: str, extra: list[str], texts: list[str], port: int) -> 
         return rows
     finally:
         process.terminate()
-        process.wait(timeout=60)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # a server that does not drain in time must not outlive its rows
+            for member in reversed(process_tree(process.pid)):
+                with contextlib.suppress(OSError):
+                    os.kill(member, signal.SIGKILL)
+            process.wait()
 
 
 def main(argv: list[str] | None = None) -> None:
