@@ -185,12 +185,6 @@ class StepBatcher:
             self._condition.notify_all()
         return future
 
-    @property
-    def occupied(self) -> int:
-        """Sources decoding now or waiting to join."""
-        with self._condition:
-            return self.used - len(self.freed) + sum(len(job.sources) for job in self.pending)
-
     def take_stats(self) -> StepStats:
         """The steps since the last call (and start counting anew)."""
         with self._condition:
