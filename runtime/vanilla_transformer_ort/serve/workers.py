@@ -6,6 +6,10 @@ Python too. In one process these take turns on one interpreter lock, so each ses
 `OrtTranslator` in a child process and offers, in the server's process, the part of its interface the batch
 scheduler uses: `tokenizer`, `settings` and `config` (read from the folder, no session loaded here) and `generate`
 (run in the child, blocking the calling worker thread only, which waits without holding the lock).
+
+For step-level batching (`--step_batching`), `StepSessionProcess` runs a `StepBatcher` in a child process the same
+way (`StepSession` in this process): `submit` sends a request's sources and returns a future of their output ids,
+and the child answers each request as its sentences finish, while others join its running batch.
 """
 
 from __future__ import annotations
