@@ -23,7 +23,7 @@ from vanilla_transformer.training import prepared as prepared_module
 from vanilla_transformer.training.data import DataArguments, iter_parallel_file
 from vanilla_transformer.training.pair_encoding import PairEncoder
 from vanilla_transformer.training.prepared import MANIFEST_FILE, PreparedCorpus, load_corpus, prepare_corpus
-from vanilla_transformer.training.trainer import TokenBudgetBatchSampler, length_columns, pack_token_batches
+from vanilla_transformer.training.token_batches import TokenBudgetBatchSampler, length_columns, pack_token_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ from vanilla_transformer.training.recipe import (
     noam_learning_rate,
     noam_peak_learning_rate,
 )
-from vanilla_transformer.training.trainer import TokenBudgetBatchSampler, pack_token_batches
+from vanilla_transformer.training.token_batches import TokenBudgetBatchSampler, pack_token_batches
 
 
 def paper_formula(step, d_model, warmup):  # the oracle: Eq. (3) written out independently
