@@ -38,9 +38,9 @@ from .contract import (
     past_name,
     present_name,
 )
-from .decoder_state import CacheState
 from .search import beam_search, greedy_search
 from .sessions import import_onnxruntime
+from .step_cohorts import CohortState, join_outputs
 from .translator import target_vocab_size
 
 logger = logging.getLogger(__name__)
@@ -57,45 +57,6 @@ class StepStats:
     steps: int = 0
     rows: int = 0
     seconds: float = 0.0
-
-
-class CohortState(CacheState):
-    """The rows of one cohort in its `StepBatcher`, as `search.DecoderState`: `step` waits for the batch's next
-    decoder run and returns this cohort's logits; `reorder` and `keep_rows` touch only this cohort's rows."""
-
-    def __init__(self, batcher: StepBatcher, slots: np.ndarray):
-        super().__init__(batcher.session, batcher.vocab_size, batcher.scorer)
-        self.batcher, self.slots = batcher, slots  # (sentences,) the slot of each of its sentences, in search order
-        self.tokens: np.ndarray | None = None  # (rows, 1) the tokens of its next step, once asked for
-        self.length = 0  # decoded positions of each of its rows (they advance together)
-        self.stepped = threading.Event()  # set when the batch has run the step it asked for
-
-    def rows(self) -> np.ndarray:
-        """(sentences x beams,) the batch rows of this cohort, in its search order."""
-        beams = self.batcher.num_beams
-        return (self.slots[:, None] * beams + np.arange(beams)).reshape(-1)  # (sentences, beams) -> (rows,)
-
-    def _run(self, last_tokens: np.ndarray) -> np.ndarray:
-        return self.batcher._step(self, last_tokens)
-
-    def step(self, last_tokens: np.ndarray) -> np.ndarray:
-        return self._run(last_tokens)[:, -1, :]
-
-    def reorder(self, rows: np.ndarray) -> None:
-        """Keep this cohort's rows `rows` (beam reordering): only its rows whose beam changed are copied."""
-        changed = np.flatnonzero(rows != np.arange(rows.shape[0]))
-        if changed.size == 0:
-            return
-        physical = self.rows()
-        targets, sources = physical[changed], physical[rows[changed]]
-        for buffer in self.batcher.own.values():
-            buffer[targets, :, : self.length] = buffer[sources, :, : self.length]  # the right side is gathered first
-
-    def keep_rows(self, rows: np.ndarray) -> None:
-        """Only `rows` (whole sentences) stay: the others' slots leave the batch before its next step."""
-        kept = rows[:: self.batcher.num_beams] // self.batcher.num_beams
-        self.batcher._release(self, np.setdiff1d(np.arange(self.slots.shape[0]), kept))
-        self.slots = self.slots[kept]
 
 
 @dataclass
@@ -171,7 +132,7 @@ class StepBatcher:
         if len(parts) == 1:
             part_futures = [future]
         else:
-            _join_outputs(part_futures, future, self._fill_value())
+            join_outputs(part_futures, future, self._fill_value())
         with self._condition:
             if self._closing:
                 raise RuntimeError(
@@ -451,30 +412,3 @@ class StepBatcher:
             pad = settings.pad_token_id
             return pad if pad is not None else (settings.eos_token_ids[0] if settings.eos_token_ids else 0)
         return settings.pad_token_id or (settings.eos_token_ids[0] if settings.eos_token_ids else -1)
-
-
-def _join_outputs(parts: list[Future], whole: Future, fill: int) -> None:
-    """Resolve `whole` with the outputs of `parts` stacked (padded with `fill` to the widest), or their first error."""
-    remaining = [len(parts)]
-    lock = threading.Lock()
-
-    def done(_: Future) -> None:
-        with lock:
-            remaining[0] -= 1
-            if remaining[0]:
-                return
-        errors = [part.exception() for part in parts if part.exception() is not None]
-        if errors:
-            whole.set_exception(errors[0])
-            return
-        outputs = [part.result() for part in parts]
-        width = max(output.shape[1] for output in outputs)
-        stacked = np.full((sum(o.shape[0] for o in outputs), width), fill, dtype=np.int64)
-        start = 0
-        for output in outputs:
-            stacked[start : start + output.shape[0], : output.shape[1]] = output
-            start += output.shape[0]
-        whole.set_result(stacked)
-
-    for part in parts:
-        part.add_done_callback(done)
