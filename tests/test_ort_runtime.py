@@ -127,6 +127,79 @@ def test_score_bias_is_process_scores_as_an_addition():
             np.testing.assert_array_equal(scores + bias, process_scores(scores.copy(), cur_len, settings))
 
 
+class _HistoryState:
+    """A decoder whose logits are a function of the sentence and its tokens so far (a seeded draw), so that a row's
+    logits do not depend on the other rows: the rows are (sentence, history) pairs that a search reorders."""
+
+    def __init__(self, vocab_size: int, ranks: bool):
+        self.vocab_size, self.ranks_candidates = vocab_size, ranks
+        self.rows: list[tuple[int, tuple[int, ...]]] = []
+
+    def add(self, sentence: int, beams: int) -> None:
+        self.rows += [(sentence, ())] * beams
+
+    def step(self, last_tokens: np.ndarray) -> np.ndarray:
+        self.rows = [(s, h + (int(t),)) for (s, h), t in zip(self.rows, last_tokens[:, 0], strict=True)]
+        draws = [np.random.default_rng([s, *h]).normal(0, 3, self.vocab_size) for s, h in self.rows]
+        return np.array(draws, dtype=np.float32)
+
+    def step_top_k(self, last_tokens, running_scores, bias, batch_size, k):
+        from vanilla_transformer_ort.search import log_softmax, top_k
+
+        scores = log_softmax(self.step(last_tokens)) + bias + running_scores
+        return top_k(scores.reshape(batch_size, -1), k)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.rows = [self.rows[r] for r in rows.tolist()]
+
+    def keep_rows(self, rows: np.ndarray) -> None:
+        self.reorder(rows)
+
+
+@pytest.mark.parametrize(("num_beams", "ranks"), [(1, False), (3, False), (3, True)])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"min_new_tokens": 3, "length_penalty": 0.6}, {"early_stopping": "never", "length_penalty": 2.0},
+     {"early_stopping": False, "forced_eos_token_id": 2}],
+)  # fmt: skip
+def test_sentences_joining_a_running_search_equal_each_searched_alone(num_beams, ranks, options):
+    """Step-level batching's premise: sentences that join a search between its steps, while others are at other
+    lengths (so that processors and length penalties differ by row), and leave it as they finish, get exactly what
+    `greedy_search` / `beam_search` give each alone."""
+    from vanilla_transformer_ort.search import BeamSearch, GenerationSettings, GreedySearch, beam_search, greedy_search
+
+    settings = GenerationSettings(
+        decoder_start_token_id=1, eos_token_ids=[2], pad_token_id=0, max_new_tokens=12, num_beams=num_beams,
+        banned_token_ids=[0], **{"early_stopping": True, **options},
+    )  # fmt: skip
+    vocab = 9
+    alone = greedy_search if num_beams == 1 else beam_search
+    joins = {0: 2, 1: 1, 3: 3, 4: 1, 9: 2, 15: 1}  # step -> sentences joining before it
+    search = GreedySearch(settings) if num_beams == 1 else BeamSearch(settings, vocab)
+    state, members, outputs, step, lengths_seen = _HistoryState(vocab, ranks), [], {}, 0, set()
+    while step <= max(joins) or search.size:
+        for _ in range(joins.get(step, 0)):
+            sentence = len(members) + len(outputs)
+            state.add(sentence, num_beams)
+            members.append(sentence)
+            search.add(1)
+        if search.size:
+            lengths_seen.add(len(set(search.cur_lens.tolist())))
+            search.step(state)
+            done = search.done()
+            for sentence, output in zip(np.array(members)[done].tolist(), search.remove(done), strict=True):
+                outputs[sentence] = output
+            members = [m for m, gone in zip(members, done.tolist(), strict=True) if not gone]
+            state.keep_rows(search.rows(np.flatnonzero(~done)))
+        step += 1
+    assert max(lengths_seen) > 1  # sentences at different lengths shared steps
+    assert len(outputs) == sum(joins.values())
+    for sentence, output in outputs.items():
+        expected = _HistoryState(vocab, ranks)
+        expected.add(sentence, num_beams)
+        np.testing.assert_array_equal(output, alone(expected, 1, settings)[0], err_msg=f"sentence {sentence}")
+
+
 @pytest.mark.parametrize("length", [50, 7 * 256, 5000, 32000 * 4 + 17])
 @pytest.mark.parametrize("k", [1, 8])
 def test_top_k_matches_a_full_stable_sort(length, k):

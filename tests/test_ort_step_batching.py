@@ -1,6 +1,6 @@
-"""Step-level batching: cohorts that join a running decoder batch at different steps and leave it as they finish get
-exactly what `OrtTranslator.generate` gives their sentences alone (the oracle: the runtime's own request-level path,
-itself checked against transformers' `generate()` in test_ort_runtime.py)."""
+"""Step-level batching: submissions ("cohorts") whose sentences join a running decoder batch at different steps and
+leave it as they finish get exactly what `OrtTranslator.generate` gives their sentences alone (the oracle: the
+runtime's own request-level path, itself checked against transformers' `generate()` in test_ort_runtime.py)."""
 
 import threading
 import time

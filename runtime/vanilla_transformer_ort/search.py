@@ -2,6 +2,11 @@
 
 The decoder is abstracted as a `DecoderState`: `step(last_tokens)` returns next-token logits and advances the cache,
 `reorder(rows)` keeps the given cache rows (beam reordering). Scores are kept in float32 like transformers does.
+
+`GreedySearch` and `BeamSearch` hold the searches' bookkeeping for sentences that each have their own length, so
+that sentences may join a running search between steps and leave it when they finish (step-level batching,
+`step_batching.py`): every sentence is searched exactly as it would be alone. `greedy_search` and `beam_search`
+run one batch of sentences that start together.
 """
 
 from __future__ import annotations
@@ -170,34 +175,6 @@ def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(values, order, axis=1), np.take_along_axis(candidates, order, axis=1)
 
 
-def greedy_search(state: DecoderState, batch_size: int, settings: GenerationSettings) -> np.ndarray:
-    """Greedy decoding; returns (batch, 1 + generated) int64 with the start token first, finished rows pad-filled.
-
-    A finished row leaves the decoder's batch (where the state can `keep_rows`): it would only produce padding.
-    """
-    tokens = np.full((batch_size, 1), settings.decoder_start_token_id, dtype=np.int64)
-    unfinished = np.ones(batch_size, dtype=bool)
-    pad = settings.pad_token_id
-    if pad is None:  # transformers falls back to the first EOS id
-        pad = settings.eos_token_ids[0] if settings.eos_token_ids else 0
-    prune = getattr(state, "keep_rows", None)
-    active = np.arange(batch_size)  # the rows the state holds, in its order
-    for _ in range(settings.max_new_tokens):
-        scores = process_scores(state.step(tokens[active, -1:]), tokens.shape[1], settings)
-        next_tokens = np.full(batch_size, pad, dtype=np.int64)
-        next_tokens[active] = scores.argmax(axis=-1)
-        if settings.eos_token_ids:
-            next_tokens = np.where(unfinished, next_tokens, pad)
-            unfinished &= ~np.isin(next_tokens, settings.eos_token_ids)
-        tokens = np.concatenate([tokens, next_tokens[:, None]], axis=1)
-        if not unfinished.any():
-            break
-        if prune is not None and not unfinished[active].all():
-            prune(np.flatnonzero(unfinished[active]))
-            active = active[unfinished[active]]
-    return tokens
-
-
 def _output_fill_value(settings: GenerationSettings) -> int:
     # transformers fills beam outputs with `pad_token_id or eos_token_id[0]`: a pad id of 0 is falsy there,
     # so with pad 0 the unused tail of shorter hypotheses holds EOS. Reproduced for token-identical outputs.
@@ -215,102 +192,264 @@ def _gather(array: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return array[rows, indices]
 
 
+def processed_scores(scores: np.ndarray, cur_lens: np.ndarray, settings: GenerationSettings) -> np.ndarray:
+    """`process_scores` for rows at different lengths: `cur_lens` (rows,) counts each row's decoder start token."""
+    lengths = np.unique(cur_lens)
+    if lengths.size == 1:
+        return process_scores(scores, int(lengths[0]), settings)
+    for length in lengths.tolist():
+        rows = cur_lens == length
+        scores[rows] = process_scores(scores[rows], length, settings)
+    return scores
+
+
+def stack_outputs(outputs: list[np.ndarray], fill: int) -> np.ndarray:
+    """Sentences' output ids (each 1 + its own generated length) as one (sentences, 1 + longest) array, the shorter
+    filled with `fill`, as `generate()` returns a batch."""
+    stacked = np.full((len(outputs), max(output.shape[0] for output in outputs)), fill, dtype=np.int64)
+    for row, output in enumerate(outputs):
+        stacked[row, : output.shape[0]] = output
+    return stacked
+
+
+class GreedySearch:
+    """Greedy decoding of sentences that each have their own length: `add` sentences between steps, `step` them all
+    once, `remove` those that are `done`. Sentence i of the search is row i of its `DecoderState`."""
+
+    def __init__(self, settings: GenerationSettings):
+        self.settings, self.max_length = settings, settings.max_new_tokens + 1
+        pad = settings.pad_token_id
+        self.fill = pad if pad is not None else (settings.eos_token_ids[0] if settings.eos_token_ids else 0)
+        self.tokens = np.empty((0, self.max_length), dtype=np.int64)  # start token, generated, then `fill`
+        self.cur_lens = np.empty(0, dtype=np.int64)  # tokens so far, the start token included
+        self.unfinished = np.empty(0, dtype=bool)
+
+    @property
+    def size(self) -> int:
+        return self.cur_lens.shape[0]
+
+    def add(self, count: int) -> None:
+        tokens = np.full((count, self.max_length), self.fill, dtype=np.int64)
+        tokens[:, 0] = self.settings.decoder_start_token_id
+        self.tokens = np.concatenate([self.tokens, tokens])
+        self.cur_lens = np.concatenate([self.cur_lens, np.ones(count, dtype=np.int64)])
+        self.unfinished = np.concatenate([self.unfinished, np.ones(count, dtype=bool)])
+
+    def rows(self, sentences: np.ndarray) -> np.ndarray:
+        """The state's rows of these sentences."""
+        return sentences
+
+    def step(self, state: DecoderState) -> None:
+        """One decoder step for every sentence, and its next token."""
+        sentences = np.arange(self.size)
+        last = self.tokens[sentences, self.cur_lens - 1][:, None]  # (sentences, 1)
+        next_tokens = processed_scores(state.step(last), self.cur_lens, self.settings).argmax(axis=-1)
+        if self.settings.eos_token_ids:
+            next_tokens = np.where(self.unfinished, next_tokens, self.fill)  # a state without keep_rows steps them on
+            self.unfinished &= ~np.isin(next_tokens, self.settings.eos_token_ids)
+        self.tokens[sentences, self.cur_lens] = next_tokens
+        self.cur_lens += 1
+
+    def done(self) -> np.ndarray:
+        """(sentences,) bool: which are finished (EOS, or the maximum length)."""
+        return ~self.unfinished | (self.cur_lens >= self.max_length)
+
+    def remove(self, sentences: np.ndarray) -> list[np.ndarray]:
+        """Take these sentences (bool mask) out of the search; their output ids, start token first."""
+        outputs = [self.tokens[i, : self.cur_lens[i]].copy() for i in np.flatnonzero(sentences).tolist()]
+        kept = ~sentences
+        self.tokens, self.cur_lens, self.unfinished = self.tokens[kept], self.cur_lens[kept], self.unfinished[kept]
+        return outputs
+
+
+class BeamSearch:
+    """transformers' beam search (v5.24) for sentences that each have their own length: `add` sentences between
+    steps, `step` them all once, `remove` those that are `done`. Sentence i of the search is rows
+    [i * num_beams, (i + 1) * num_beams) of its `DecoderState`.
+
+    A state that `ranks_candidates` ranks a step's candidates itself (`step_top_k`, the exported `beam_scores.onnx`)
+    whenever the logit processors are one additive bias for every sentence; otherwise numpy ranks them.
+    """
+
+    _ARRAYS = ("running", "running_scores", "sequences", "beam_scores", "finished", "may_improve", "running_origin",
+               "origin", "cur_lens")  # fmt: skip
+
+    def __init__(self, settings: GenerationSettings, vocab_size: int):
+        self.settings, self.vocab_size = settings, vocab_size
+        self.num_beams, self.max_length = settings.num_beams, settings.max_new_tokens + 1
+        self.eos = np.asarray(settings.eos_token_ids, dtype=np.int64)
+        self.k = max(2, 1 + len(self.eos)) * self.num_beams  # candidates kept per step
+        self.top_num_beam_mask = np.arange(self.k) < self.num_beams
+        self.fill = _output_fill_value(settings)
+        self._norms: dict[int, np.float32] = {}
+        self._biases: dict[int, np.ndarray | None] = {}
+        self.add(0)
+
+    @property
+    def size(self) -> int:
+        return self.cur_lens.shape[0]
+
+    def add(self, count: int) -> None:
+        """`count` sentences join at their first step (after those searched already)."""
+        beams, length = self.num_beams, self.max_length
+        running = np.full((count, beams, length), self.fill, dtype=np.int64)
+        running[:, :, 0] = self.settings.decoder_start_token_id
+        running_scores = np.zeros((count, beams), dtype=np.float32)
+        running_scores[:, 1:] = LARGE_NEGATIVE  # only the first beam expands at step one
+        new = {
+            "running": running,
+            "running_scores": running_scores,
+            "sequences": running.copy(),
+            "beam_scores": np.full((count, beams), LARGE_NEGATIVE, dtype=np.float32),
+            "finished": np.zeros((count, beams), dtype=bool),
+            "may_improve": np.ones((count, 1), dtype=bool),
+            "running_origin": np.full((count, beams, length - 1), -1, dtype=np.int64),
+            "origin": np.full((count, beams, length - 1), -1, dtype=np.int64),
+            "cur_lens": np.ones(count, dtype=np.int64),
+        }
+        for name in self._ARRAYS:
+            current = getattr(self, name, None)
+            setattr(self, name, new[name] if current is None else np.concatenate([current, new[name]]))
+
+    def rows(self, sentences: np.ndarray) -> np.ndarray:
+        """The state's rows of these sentences (int64 indices), each sentence's beams adjacent."""
+        return (sentences[:, None] * self.num_beams + np.arange(self.num_beams)).reshape(-1)
+
+    def _norm(self, length: int) -> np.float32:
+        # length ** length_penalty as transformers computes it (a Python float, then float32)
+        if length not in self._norms:
+            self._norms[length] = np.float32(length**self.settings.length_penalty)
+        return self._norms[length]
+
+    def _norms_of(self, lengths: np.ndarray) -> np.ndarray:
+        return np.array([self._norm(length) for length in lengths.tolist()], dtype=np.float32)
+
+    def bias(self) -> np.ndarray | None:
+        """The logit processors of this step as one additive (vocab,) bias for every sentence, or None."""
+        biases = []
+        for length in np.unique(self.cur_lens).tolist():
+            if length not in self._biases:
+                self._biases[length] = score_bias(length, self.settings, self.vocab_size)
+            biases.append(self._biases[length])
+        if any(bias is None for bias in biases) or any(not np.array_equal(b, biases[0]) for b in biases[1:]):
+            return None
+        return biases[0]
+
+    def step(self, state: DecoderState) -> None:
+        """One decoder step for every sentence: rank the candidates, keep the best beams, reorder the state."""
+        n, beams = self.size, self.num_beams
+        sentences = np.arange(n)
+        last = self.running[sentences, :, self.cur_lens - 1].reshape(-1, 1)  # (n, beams) -> (rows, 1)
+        # a-b. log-probabilities, logit processors, plus the running scores; the top 2 x num_beams per sentence
+        bias = self.bias() if state.ranks_candidates else None
+        if bias is not None:
+            vocab = state.vocab_size
+            topk_scores, topk_indices = state.step_top_k(last, self.running_scores.reshape(-1, 1), bias, n, self.k)
+        else:
+            log_probs = log_softmax(state.step(last))  # (rows, vocab)
+            log_probs = processed_scores(log_probs, np.repeat(self.cur_lens, beams), self.settings)
+            vocab = log_probs.shape[-1]
+            log_probs += self.running_scores.reshape(-1, 1)
+            topk_scores, topk_indices = top_k(log_probs.reshape(n, beams * vocab), self.k)
+        state.reorder(self._advance(topk_scores, topk_indices, vocab))
+
+    def _advance(self, topk_scores: np.ndarray, topk_indices: np.ndarray, vocab: int) -> np.ndarray:
+        """Steps c-g of transformers' beam search on a step's top candidates (n, k); the state's rows to keep."""
+        n, beams = self.size, self.num_beams
+        penalty, early = self.settings.length_penalty, self.settings.early_stopping
+        sentences, cur_lens = np.arange(n), self.cur_lens
+        # c. the top continuations over all beams of a sentence. Every hypothesis holds its fill value beyond
+        # position cur_len (origins: beyond cur_len - 1), so only the columns up to the longest are gathered.
+        source_beam, token = topk_indices // vocab, topk_indices % vocab
+        width = int(cur_lens.max()) + 1
+        steps = width - 1
+        topk_sequences = _gather(self.running[:, :, :width], source_beam)
+        topk_sequences[sentences, :, cur_lens] = token
+        topk_origin = _gather(self.running_origin[:, :, :steps], source_beam)
+        topk_origin[sentences, :, cur_lens - 1] = source_beam + (sentences * beams)[:, None]  # rows of the state
+
+        # d. which continuations stop here (EOS, or maximum length)
+        hits = (token[..., None] == self.eos).any(axis=-1) | (cur_lens + 1 >= self.max_length)[:, None]
+
+        # e. the best unfinished continuations keep running
+        open_scores = topk_scores + hits.astype(np.float32) * LARGE_NEGATIVE
+        keep = top_k(open_scores, beams)[1]
+        self.running[:, :, :width], self.running_scores = _gather(topk_sequences, keep), _gather(open_scores, keep)
+        self.running_origin[:, :, :steps] = _gather(topk_origin, keep)
+
+        # f. finished candidates among the top num_beams compete with the finished set, length-penalised
+        just_finished = hits & self.top_num_beam_mask[None, :]
+        final_scores = topk_scores / self._norms_of(cur_lens)[:, None]  # generated length: cur_len + 1 - 1
+        full = self.finished.all(axis=1, keepdims=True) & (early is True)
+        final_scores = final_scores + full.astype(np.float32) * LARGE_NEGATIVE
+        final_scores = final_scores + (~self.may_improve).astype(np.float32) * LARGE_NEGATIVE
+        final_scores = final_scores + (~just_finished).astype(np.float32) * LARGE_NEGATIVE
+        merged_scores = np.concatenate([self.beam_scores, final_scores], axis=1)
+        best = top_k(merged_scores, beams)[1]
+        self.sequences[:, :, :width] = _gather(np.concatenate([self.sequences[:, :, :width], topk_sequences], 1), best)
+        self.beam_scores = _gather(merged_scores, best)
+        self.origin[:, :, :steps] = _gather(np.concatenate([self.origin[:, :, :steps], topk_origin], axis=1), best)
+        self.finished = _gather(np.concatenate([self.finished, just_finished], axis=1), best)
+
+        # g. the cache follows the surviving beams
+        rows = self.running_origin[sentences, :, cur_lens - 1].reshape(-1)  # (n, beams) -> (rows,)
+        self.cur_lens = cur_lens = cur_lens + 1
+        never = early == "never" and penalty > 0.0
+        best_lengths = np.full(n, self.max_length - 1) if never else cur_lens - 1
+        best_running = self.running_scores[:, :1] / self._norms_of(best_lengths)[:, None]
+        worst_finished = np.where(self.finished, self.beam_scores.min(axis=1, keepdims=True), LARGE_NEGATIVE)
+        self.may_improve &= np.any(best_running > worst_finished, axis=-1, keepdims=True)
+        return rows
+
+    def done(self) -> np.ndarray:
+        """(sentences,) bool: whose result can no longer change. A sentence is settled once nothing can enter its
+        finished set (it cannot improve, or with early stopping the set is full), or at the maximum length."""
+        early = self.settings.early_stopping
+        settled = ~self.may_improve[:, 0] | (self.finished.all(axis=1) & (early is True))
+        return settled | (self.cur_lens >= self.max_length)
+
+    def remove(self, sentences: np.ndarray) -> list[np.ndarray]:
+        """Take these sentences (bool mask) out of the search; each one's best hypothesis, start token first."""
+        outputs = []
+        for i in np.flatnonzero(sentences).tolist():
+            generated = int(((self.origin[i, 0] + 1) != 0).sum())
+            outputs.append(self.sequences[i, 0, : 1 + generated].copy())
+        kept = ~sentences
+        for name in self._ARRAYS:
+            setattr(self, name, getattr(self, name)[kept])
+        return outputs
+
+
+def run_search(search: GreedySearch | BeamSearch, state: DecoderState, batch_size: int) -> np.ndarray:
+    """Search `batch_size` sentences that start together to the end: (batch, 1 + generated) int64, like
+    `generate()`. A finished sentence leaves the decoder's batch where the state can `keep_rows`; a state without it
+    keeps computing every row until all are done (their results do not change)."""
+    search.add(batch_size)
+    outputs: list[np.ndarray | None] = [None] * batch_size
+    order = np.arange(batch_size)  # each searched sentence's place in the batch, in the state's order
+    prune = getattr(state, "keep_rows", None)
+    while search.size:
+        search.step(state)
+        done = search.done()
+        if not done.any() or (prune is None and not done.all()):
+            continue
+        for place, output in zip(order[done].tolist(), search.remove(done), strict=True):
+            outputs[place] = output
+        order = order[~done]
+        if search.size and prune is not None:
+            prune(search.rows(np.flatnonzero(~done)))
+    return stack_outputs(outputs, search.fill)
+
+
+def greedy_search(state: DecoderState, batch_size: int, settings: GenerationSettings) -> np.ndarray:
+    """Greedy decoding; returns (batch, 1 + generated) int64 with the start token first, finished rows pad-filled."""
+    return run_search(GreedySearch(settings), state, batch_size)
+
+
 def beam_search(state: DecoderState, batch_size: int, settings: GenerationSettings) -> np.ndarray:
     """Beam search returning the best hypothesis per row: (batch, 1 + longest) int64, like `generate()`.
 
     `state` must hold batch * num_beams rows (each source repeated num_beams times, adjacent). A state that
     `ranks_candidates` ranks them itself with `step_top_k` (the exported `beam_scores.onnx`); otherwise numpy does.
     """
-    num_beams = settings.num_beams
-    max_length = settings.max_new_tokens + 1
-    prompt_len = 1
-    eos = np.asarray(settings.eos_token_ids, dtype=np.int64)
-    beams_to_keep = max(2, 1 + len(eos)) * num_beams
-    top_num_beam_mask = np.arange(beams_to_keep) < num_beams
-    penalty, early = settings.length_penalty, settings.early_stopping
-
-    running = np.full((batch_size, num_beams, max_length), _output_fill_value(settings), dtype=np.int64)
-    running[:, :, 0] = settings.decoder_start_token_id
-    sequences = running.copy()
-    running_scores = np.zeros((batch_size, num_beams), dtype=np.float32)
-    running_scores[:, 1:] = LARGE_NEGATIVE  # only the first beam expands at step one
-    beam_scores = np.full((batch_size, num_beams), LARGE_NEGATIVE, dtype=np.float32)
-    finished = np.zeros((batch_size, num_beams), dtype=bool)
-    may_improve = np.ones((batch_size, 1), dtype=bool)
-    running_origin = np.full((batch_size, num_beams, max_length - prompt_len), -1, dtype=np.int64)
-    origin = running_origin.copy()
-    batch_offset = (np.arange(batch_size) * num_beams)[:, None]
-
-    # Sentences still searched, in the state's order; a sentence whose result can no longer change leaves the
-    # decoder's batch (where the state can `keep_rows`). Its arrays below keep their final values, so the outputs are
-    # those of searching every sentence to the end, as transformers does.
-    prune = getattr(state, "keep_rows", None)
-    active = np.arange(batch_size)
-    cur_len = prompt_len
-    while True:
-        n = active.size
-        last = running[active, :, cur_len - 1].reshape(-1, 1)
-        # a-b. log-probabilities, logit processors, plus the running scores; the top 2 x num_beams per sentence
-        bias = score_bias(cur_len, settings, state.vocab_size) if state.ranks_candidates else None
-        if bias is not None:
-            vocab = state.vocab_size
-            running_column = running_scores[active].reshape(-1, 1)
-            topk_scores, topk_indices = state.step_top_k(last, running_column, bias, n, beams_to_keep)
-        else:
-            log_probs = process_scores(log_softmax(state.step(last)), cur_len, settings)  # (n * beams, vocab)
-            vocab = log_probs.shape[-1]
-            log_probs += running_scores[active].reshape(-1, 1)
-            topk_scores, topk_indices = top_k(log_probs.reshape(n, num_beams * vocab), beams_to_keep)
-
-        # c. the top continuations over all beams of a sentence. Every hypothesis holds its fill value beyond
-        # position cur_len (origins: beyond cur_len - prompt_len), so only the columns up to there are gathered.
-        source_beam, token = topk_indices // vocab, topk_indices % vocab
-        width, steps = cur_len + 1, cur_len + 1 - prompt_len
-        topk_sequences = _gather(running[active, :, :width], source_beam)
-        topk_sequences[:, :, cur_len] = token
-        topk_origin = _gather(running_origin[active, :, :steps], source_beam)
-        topk_origin[:, :, cur_len - prompt_len] = source_beam + batch_offset[:n]  # rows of the state as it is
-
-        # d. which continuations stop here (EOS, or maximum length)
-        hits = (token[..., None] == eos).any(axis=-1) | (cur_len + 1 >= max_length)  # np.isin, for a few ids
-
-        # e. the best unfinished continuations keep running
-        open_scores = topk_scores + hits.astype(np.float32) * LARGE_NEGATIVE
-        keep = top_k(open_scores, num_beams)[1]
-        running[active, :, :width], running_scores[active] = _gather(topk_sequences, keep), _gather(open_scores, keep)
-        running_origin[active, :, :steps] = _gather(topk_origin, keep)
-
-        # f. finished candidates among the top num_beams compete with the finished set, length-penalised
-        just_finished = hits & top_num_beam_mask[None, :]
-        final_scores = topk_scores / np.float32((cur_len + 1 - prompt_len) ** penalty)
-        full = finished[active].all(axis=1, keepdims=True) & (early is True)
-        final_scores = final_scores + full.astype(np.float32) * LARGE_NEGATIVE
-        final_scores = final_scores + (~may_improve[active]).astype(np.float32) * LARGE_NEGATIVE
-        final_scores = final_scores + (~just_finished).astype(np.float32) * LARGE_NEGATIVE
-        merged_scores = np.concatenate([beam_scores[active], final_scores], axis=1)
-        best = top_k(merged_scores, num_beams)[1]
-        sequences[active, :, :width] = _gather(np.concatenate([sequences[active, :, :width], topk_sequences], 1), best)
-        beam_scores[active] = _gather(merged_scores, best)
-        origin[active, :, :steps] = _gather(np.concatenate([origin[active, :, :steps], topk_origin], axis=1), best)
-        finished[active] = _gather(np.concatenate([finished[active], just_finished], axis=1), best)
-
-        # g. the cache follows the surviving beams
-        state.reorder(running_origin[active, :, cur_len - prompt_len].reshape(-1))
-        cur_len += 1
-
-        best_length = max_length - prompt_len if (early == "never" and penalty > 0.0) else cur_len - prompt_len
-        best_running = running_scores[active, :1] / np.float32(best_length**penalty)
-        worst_finished = np.where(finished[active], beam_scores[active].min(axis=1, keepdims=True), LARGE_NEGATIVE)
-        may_improve[active] &= np.any(best_running > worst_finished, axis=-1, keepdims=True)
-        # A sentence is settled once nothing can enter its finished set: it cannot improve, or (early stopping)
-        # the set is full. Searching on would only add LARGE_NEGATIVE candidates that never rank.
-        settled = ~may_improve[active, 0] | (finished[active].all(axis=1) & (early is True))
-        if settled.all() or hits.all():
-            break
-        if prune is not None and settled.any():
-            kept = np.flatnonzero(~settled)
-            prune((kept[:, None] * num_beams + np.arange(num_beams)).reshape(-1))
-            active = active[kept]
-
-    generated = int(((origin[:, 0, :] + 1) != 0).sum(axis=1).max())
-    return sequences[:, 0, : prompt_len + generated]
+    return run_search(BeamSearch(settings, state.vocab_size), state, batch_size)

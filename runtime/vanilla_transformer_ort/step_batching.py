@@ -3,16 +3,17 @@ step they finish (iteration-level scheduling, Orca, OSDI '22), on the in-place d
 (export format 3).
 
 `StepBatcher` keeps one decoder batch in preallocated buffers: per source slot the cross-attention keys and values
-and the source mask, per row (a slot's beams) the self-attention cache and its own length. A submission becomes a
-cohort: its sources are encoded once, into free slots, and the runtime's own search (`search.greedy_search` or
-`search.beam_search`, unchanged) runs for it in a thread of its own against a `CohortState`, a view of its rows.
-A decoder step waits until every running cohort has asked for its next logits, then runs the graph once over all
-rows, each row at its own length; no cache is copied when a cohort joins. A sentence that finishes leaves the batch
-before the next step: the batch's last slot moves into its place (one slot's cache and cross K/V copied), nothing
-else moves.
+and the source mask, per row (a slot's beams) the self-attention cache and its own length; and one search over the
+whole batch (`search.GreedySearch` or `search.BeamSearch`), whose sentences each have their own length. Before a
+step, waiting sources are encoded in one encoder run into free slots and join the search; the step runs the graph
+once over all rows, each row at its own length, and ranks every sentence's candidates at once. No cache is copied
+when a sentence joins. A sentence that finishes leaves the batch at once and its submission is answered when its
+last sentence is; before the next step the batch's last slot moves into its place (one slot's cache and cross K/V
+copied), nothing else moves.
 
 Each row's logits are those it gets alone (the graph computes every row from that row alone, and a source padded to
-the batch's longest is masked), so a cohort's output equals `OrtTranslator.generate` on its sentences (tested).
+the batch's longest is masked), and the searches treat every sentence alone, so a submission's output equals
+`OrtTranslator.generate` on its sentences (tested).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,9 +39,9 @@ from .contract import (
     past_name,
     present_name,
 )
-from .search import beam_search, greedy_search
+from .search import BeamSearch, GreedySearch, stack_outputs
 from .sessions import import_onnxruntime
-from .step_cohorts import CohortState, join_outputs
+from .step_rows import BatchRows
 from .translator import target_vocab_size
 
 logger = logging.getLogger(__name__)
@@ -61,8 +62,21 @@ class StepStats:
 
 @dataclass
 class _Job:
-    sources: list[list[int]]
+    """One submission: its sentences' outputs as they finish, and its future."""
+
     future: Future
+    outputs: list = field(default_factory=list)
+    remaining: int = 0
+
+    def answer(self, index: int, output: np.ndarray, fill: int) -> None:
+        self.outputs[index] = output
+        self.remaining -= 1
+        if self.remaining == 0 and not self.future.done():
+            self.future.set_result(stack_outputs(self.outputs, fill))
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
 
 
 class StepBatcher:
@@ -71,7 +85,7 @@ class StepBatcher:
 
     Args:
         translator: the sessions (its encoder, in-place decoder and `beam_scores.onnx` ranker).
-        max_sentences: sources decoded at once (rows: `max_sentences x num_beams`); later submissions wait, in order.
+        max_sentences: sources decoded at once (rows: `max_sentences x num_beams`); later sources wait, in order.
         overrides: generation settings for every sentence (`num_beams`, `max_new_tokens`, ...), as in `generate`.
 
     `submit(sources)` returns a `concurrent.futures.Future` of the (sentences, 1 + generated) output of
@@ -91,6 +105,10 @@ class StepBatcher:
         self.settings = translator._settings(overrides)
         self.num_beams, self.max_sentences = self.settings.num_beams, max_sentences
         self.vocab_size = target_vocab_size(translator.config)
+        self.search = (
+            GreedySearch(self.settings) if self.num_beams == 1 else BeamSearch(self.settings, self.vocab_size)
+        )
+        self.view = BatchRows(self)
         self.ort = import_onnxruntime()
         heads, d_head = translator.num_heads, translator.d_head
         decoder_inputs = [i.name for i in self.session.get_inputs()]
@@ -107,13 +125,13 @@ class StepBatcher:
         self.lengths = np.zeros(rows, np.int32)  # decoded positions of each row
         self.tokens = np.zeros((rows, 1), np.int64)
         self.logits = np.empty((rows, 1, self.vocab_size), np.float32)
-        self.owner: list[CohortState | None] = [None] * slots
+        self.slots = np.zeros(0, np.int64)  # the slot of each sentence of the search, in its order
+        self.members: list[tuple[_Job, int]] = []  # the submission of each sentence of the search, and its place
         self.used = 0  # slots [0, used) are in the batch; those in `freed` are holes until the next step
         self.freed: list[int] = []
-        self.cohorts: list[CohortState] = []
-        self.pending: deque[_Job] = deque()
+        self.pending: deque[tuple[_Job, int, list[int]]] = deque()  # sentences waiting for a slot
         self.stats = StepStats()
-        self._condition = threading.Condition()
+        self._condition = threading.Condition()  # guards `pending`, `stats` and closing; the rest is the thread's
         self._closing = False
         self._failure: BaseException | None = None  # what stopped the batch's thread, if anything did
         self._thread = threading.Thread(target=self._loop, name="vt-step-batcher", daemon=True)
@@ -122,17 +140,11 @@ class StepBatcher:
     # -- the public side ------------------------------------------------------------------------------------------
 
     def submit(self, sources: Sequence[Sequence[int]]) -> Future:
-        """Queue sources (token ids, EOS included) as one cohort; a future of their output ids. More than
-        `max_sentences` sources are split into cohorts that join one after the other."""
+        """Queue sources (token ids, EOS included); a future of their output ids. Sources join the batch in the
+        order submitted, as places free up."""
         if not sources or any(len(ids) == 0 for ids in sources):
             raise ValueError("submit needs at least one source, each with at least one token")
-        future: Future = Future()
-        parts = [list(sources[i : i + self.max_sentences]) for i in range(0, len(sources), self.max_sentences)]
-        part_futures = [Future() for _ in parts]
-        if len(parts) == 1:
-            part_futures = [future]
-        else:
-            join_outputs(part_futures, future, self._fill_value())
+        job = _Job(Future(), [None] * len(sources), len(sources))
         with self._condition:
             if self._closing:
                 raise RuntimeError(
@@ -140,11 +152,9 @@ class StepBatcher:
                     if self._failure is None
                     else f"the step batcher stopped: {self._failure!r}"
                 )
-            self.pending.extend(
-                _Job([list(ids) for ids in part], f) for part, f in zip(parts, part_futures, strict=True)
-            )
+            self.pending.extend((job, index, list(ids)) for index, ids in enumerate(sources))
             self._condition.notify_all()
-        return future
+        return job.future
 
     def take_stats(self) -> StepStats:
         """The steps since the last call (and start counting anew)."""
@@ -169,35 +179,30 @@ class StepBatcher:
             with self._condition:
                 self._failure, self._closing = error, True
                 pending, self.pending = list(self.pending), deque()
-                for cohort in self.cohorts:
-                    cohort.stepped.set()
-            for job in pending:
-                job.future.set_exception(RuntimeError(f"the step batcher stopped: {error!r}"))
+            failure = RuntimeError(f"the step batcher stopped: {error!r}")
+            for job, _ in self.members:
+                job.fail(failure)
+            for job, _, _ in pending:
+                job.fail(failure)
 
     def _schedule(self) -> None:
         while True:
             with self._condition:
-                while True:
-                    if self._closing and not self.cohorts and not self.pending:
+                while not self.pending and not self.search.size:
+                    if self._closing:
                         return
-                    free = self.max_sentences - (self.used - len(self.freed))
-                    joining = []
-                    while self.pending and len(self.pending[0].sources) <= free:
-                        free -= len(self.pending[0].sources)
-                        joining.append(self.pending.popleft())
-                    if joining:
-                        break
-                    if self.cohorts and all(cohort.tokens is not None for cohort in self.cohorts):
-                        break
                     self._condition.wait()
+                free = self.max_sentences - self.search.size
+                joining = [self.pending.popleft() for _ in range(min(free, len(self.pending)))]
+            joining = [sentence for sentence in joining if not sentence[0].future.done()]  # not of a failed job
             if joining:
-                self._join(joining)  # their searches ask for their first step; the loop then waits for them
-            else:
-                self._run_step()
+                self._join(joining)
+            if self.search.size:
+                self._step()
 
-    def _join(self, jobs: list[_Job]) -> None:
-        """Encode the jobs' sources in one encoder run into free slots, and start a search for each job."""
-        sources = [ids for job in jobs for ids in job.sources]
+    def _join(self, sentences: list[tuple[_Job, int, list[int]]]) -> None:
+        """Encode the sources in one encoder run into free slots; they join the search at its next step."""
+        sources = [ids for _, _, ids in sentences]
         longest = max(len(ids) for ids in sources)
         input_ids = np.full((len(sources), longest), self.translator.settings.pad_token_id or 0, np.int64)
         attention_mask = np.zeros((len(sources), longest), np.int64)
@@ -206,87 +211,59 @@ class StepBatcher:
         try:
             names = [o.name for o in self.translator.encoder.get_outputs()]
             outputs = self.translator.encoder.run(None, {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask})
-        except Exception as error:  # a failing encoder run fails its jobs, never the batch
-            for job in jobs:
-                job.future.set_exception(error)
+        except Exception as error:  # a failing encoder run fails its submissions, never the batch
+            for job, _, _ in sentences:
+                job.fail(error)
             return
         cross = {past_name(n): v for n, v in zip(names, outputs, strict=True) if n != LAST_HIDDEN_STATE}
-        with self._condition:
-            if longest > self.mask.shape[1]:
-                self._resize_sources(max(longest, 2 * self.mask.shape[1]))
-            start = 0
-            for job in jobs:
-                count = len(job.sources)
-                slots = self._take_slots(count)
-                if self.used > self.mask.shape[0]:
-                    self._resize_slots(self.used)
-                for name, value in cross.items():
-                    self.cross[name][slots, :, : value.shape[2]] = value[start : start + count]
-                self.mask[slots] = 0
-                self.mask[slots, :longest] = attention_mask[start : start + count]
-                self.source_lengths[slots] = attention_mask[start : start + count].sum(axis=1)
-                cohort = CohortState(self, slots)
-                self.lengths[cohort.rows()] = 0
-                for slot in slots.tolist():
-                    self.owner[slot] = cohort
-                self.cohorts.append(cohort)
-                threading.Thread(target=self._search, args=(cohort, job), name="vt-cohort", daemon=True).start()
-                start += count
+        if longest > self.mask.shape[1]:
+            self._resize_sources(max(longest, 2 * self.mask.shape[1]))
+        slots = self._take_slots(len(sources))
+        if self.used > self.mask.shape[0]:
+            self._resize_slots(self.used)
+        for name, value in cross.items():
+            self.cross[name][slots, :, : value.shape[2]] = value
+        self.mask[slots] = 0
+        self.mask[slots, :longest] = attention_mask
+        self.source_lengths[slots] = attention_mask.sum(axis=1)
+        rows = (slots[:, None] * self.num_beams + np.arange(self.num_beams)).reshape(-1)  # (slots, beams) -> (rows,)
+        self.lengths[rows] = 0
+        self.slots = np.concatenate([self.slots, slots])
+        self.members += [(job, index) for job, index, _ in sentences]
+        self.search.add(len(sources))
 
-    def _search(self, cohort: CohortState, job: _Job) -> None:
-        count = cohort.slots.shape[0]
-        try:
-            search = greedy_search if self.num_beams == 1 else beam_search
-            output, error = search(cohort, count, self.settings), None
-        except BaseException as caught:  # the job fails, the batch goes on
-            output, error = None, caught
-            logger.exception("A cohort of %d sentences failed", count)
-        with self._condition:
-            self._release(cohort, np.arange(cohort.slots.shape[0]))
-            cohort.slots = cohort.slots[:0]
-            self.cohorts.remove(cohort)
-            self._condition.notify_all()
-        if error is not None:
-            job.future.set_exception(error)
-        else:
-            job.future.set_result(output)
+    def _step(self) -> None:
+        """One step of the search over the whole batch; the sentences it finishes leave, their submissions are
+        answered when complete."""
+        self._compact()
+        self.search.step(self.view)
+        done = self.search.done()
+        if not done.any():
+            return
+        finished = np.flatnonzero(done).tolist()
+        outputs = self.search.remove(done)
+        for position, output in zip(finished, outputs, strict=True):
+            job, index = self.members[position]
+            job.answer(index, output, self.search.fill)
+        self.freed += self.slots[done].tolist()
+        self.slots = self.slots[~done]
+        self.members = [member for member, gone in zip(self.members, done.tolist(), strict=True) if not gone]
 
-    def _step(self, cohort: CohortState, last_tokens: np.ndarray) -> np.ndarray:
-        """Called by a cohort's search: wait for the batch's next decoder run, then its rows' logits (a copy)."""
-        with self._condition:
-            cohort.stepped.clear()
-            cohort.tokens = np.asarray(last_tokens, dtype=np.int64).reshape(-1, 1)
-            self._condition.notify_all()  # only the batch's thread waits on it: the cohorts wait on their own event
-        cohort.stepped.wait()
-        with self._condition:
-            if self._failure is not None:
-                raise RuntimeError(f"the step batcher stopped: {self._failure!r}")
-            rows = cohort.rows()
-        return self.logits[rows]  # stays valid until this cohort asks for its next step
-
-    def _run_step(self) -> None:
-        """One decoder run over every row of the batch (all cohorts have asked for it), each at its own length."""
-        with self._condition:
-            if self.logits.shape[0] < self.tokens.shape[0]:  # the slots grew at a join: the buffers cohorts use too
-                self._resize_rows()  # first: compacting may move a slot that joined beyond the old rows
-            self._compact()
-            for cohort in self.cohorts:
-                self.tokens[cohort.rows()] = cohort.tokens
-            rows = self.used * self.num_beams
-            self.lengths[:rows] += 1
-            total = int(self.lengths[:rows].max())
-            if total > next(iter(self.own.values())).shape[2]:
-                self._resize_cache(total)
+    def _decode_step(self, rows: np.ndarray, last_tokens: np.ndarray) -> None:
+        """Called by the search (through `BatchRows`): one decoder run over every row of the batch, each at its own
+        length; `rows` are the buffers' rows of the search's `last_tokens`."""
+        self.tokens[rows] = last_tokens
+        count = self.used * self.num_beams
+        self.lengths[:count] += 1
+        total = int(self.lengths[:count].max())
+        if total > next(iter(self.own.values())).shape[2]:
+            self._resize_cache(total)
         started = time.perf_counter()
-        self._decode(rows, total)
+        self._decode(count, total)
         seconds = time.perf_counter() - started
         with self._condition:
-            for cohort in self.cohorts:
-                cohort.tokens = None
-                cohort.length += 1
-                cohort.stepped.set()
             self.stats.steps += 1
-            self.stats.rows += rows
+            self.stats.rows += count
             self.stats.seconds += seconds
 
     def _decode(self, rows: int, total: int) -> None:
@@ -305,7 +282,7 @@ class StepBatcher:
         binding.bind_ortvalue_output(LOGITS, ort.OrtValue.ortvalue_from_numpy(self.logits[:rows]))
         self.session.run_with_iobinding(binding)
 
-    # -- slots (called with the condition held) -------------------------------------------------------------------
+    # -- slots (the batch's thread only) ---------------------------------------------------------------------------
 
     def _take_slots(self, count: int) -> np.ndarray:
         """`count` free slots: holes first, then the end of the batch."""
@@ -314,13 +291,6 @@ class StepBatcher:
         taken += list(range(self.used, self.used + count - len(taken)))
         self.used = max(self.used, max(taken) + 1)
         return np.asarray(taken, dtype=np.int64)
-
-    def _release(self, cohort: CohortState, positions: np.ndarray) -> None:
-        """The slots of `cohort`'s sentences at `positions` leave the batch (holes until the next step)."""
-        with self._condition:
-            for slot in cohort.slots[positions].tolist():
-                self.owner[slot] = None
-                self.freed.append(slot)
 
     def _compact(self) -> None:
         """Fill the holes by moving the batch's last slots into them, so that the batch is slots [0, used)."""
@@ -346,24 +316,20 @@ class StepBatcher:
 
     def _move(self, source: int, target: int) -> None:
         """Slot `source` (the batch's last) takes the place of slot `target` (a hole)."""
-        cohort = self.owner[source]
         beams = self.num_beams
         rows_from, rows_to = slice(source * beams, (source + 1) * beams), slice(target * beams, (target + 1) * beams)
+        length = int(self.lengths[rows_from].max())
         for buffer in self.own.values():
-            buffer[rows_to, :, : cohort.length] = buffer[rows_from, :, : cohort.length]
+            buffer[rows_to, :, :length] = buffer[rows_from, :, :length]
         for buffer in self.cross.values():
             buffer[target] = buffer[source]
         self.mask[target], self.source_lengths[target] = self.mask[source], self.source_lengths[source]
         self.lengths[rows_to] = self.lengths[rows_from]
-        self.owner[target], self.owner[source] = cohort, None
-        cohort.slots[cohort.slots == source] = target
+        self.slots[self.slots == source] = target
 
     def _resize_slots(self, needed: int) -> None:
-        """Slot-indexed buffers for at least `needed` sources (doubling, up to max_sentences), the batch's copied:
-        those only this thread touches. The self-attention cache and the logits, which the cohorts' searches read and
-        reorder, follow in `_resize_rows` once every search waits for the next step."""
-        old = self.mask.shape[0]
-        slots = min(self.max_sentences, max(needed, 2 * old))
+        """Buffers for at least `needed` sources (doubling, up to max_sentences), the batch's copied."""
+        slots = min(self.max_sentences, max(needed, 2 * self.mask.shape[0]))
         rows = slots * self.num_beams
 
         def grown(array: np.ndarray, length: int) -> np.ndarray:
@@ -374,15 +340,7 @@ class StepBatcher:
         self.cross = {name: grown(value, slots) for name, value in self.cross.items()}
         self.mask, self.source_lengths = grown(self.mask, slots), grown(self.source_lengths, slots)
         self.lengths, self.tokens = grown(self.lengths, rows), grown(self.tokens, rows)
-        self.owner += [None] * (slots - old)
-
-    def _resize_rows(self) -> None:
-        """The self-attention cache and the logits for as many rows as the slot-indexed buffers hold."""
-        rows = self.tokens.shape[0]
-        for name, old in self.own.items():
-            new = np.zeros((rows, *old.shape[1:]), np.float32)
-            new[: old.shape[0]] = old
-            self.own[name] = new
+        self.own = {name: grown(value, rows) for name, value in self.own.items()}
         self.logits = np.empty((rows, 1, self.vocab_size), np.float32)
 
     def _resize_sources(self, capacity: int) -> None:
@@ -405,10 +363,3 @@ class StepBatcher:
             new = np.zeros((*old.shape[:2], capacity, old.shape[3]), np.float32)
             new[:rows, :, :old_capacity] = old[:rows]
             self.own[name] = new
-
-    def _fill_value(self) -> int:
-        settings = self.settings
-        if self.num_beams == 1:
-            pad = settings.pad_token_id
-            return pad if pad is not None else (settings.eos_token_ids[0] if settings.eos_token_ids else 0)
-        return settings.pad_token_id or (settings.eos_token_ids[0] if settings.eos_token_ids else -1)
