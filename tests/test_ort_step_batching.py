@@ -99,6 +99,29 @@ def test_more_sources_than_slots_are_split_into_cohorts(translator):
     assert np.array_equal(output, expected)
 
 
+def test_first_goes_before_the_waiting_sources(translator, monkeypatch):
+    """`submit(..., first=True)` (the server's placeholder retries) joins before the sources waiting for a place."""
+    batcher = StepBatcher(translator, max_sentences=1, max_new_tokens=6)
+    joined = []
+    join = batcher._join
+    monkeypatch.setattr(batcher, "_join", lambda sentences: (joined.extend(s[2] for s in sentences), join(sentences)))
+    release = threading.Event()
+    step = batcher._step
+    monkeypatch.setattr(batcher, "_step", lambda: (release.wait(30), step()))  # hold the batch's first step
+    try:
+        running = batcher.submit([[5, 2]])
+        time.sleep(0.2)  # [5, 2] holds the only place
+        waiting = batcher.submit([[6, 2]])
+        retry = batcher.submit([[7, 2], [8, 2]], first=True)
+        release.set()
+        for future in (running, waiting, retry):
+            future.result(timeout=60)
+    finally:
+        release.set()
+        batcher.close()
+    assert joined == [[5, 2], [7, 2], [8, 2], [6, 2]]
+
+
 def test_bad_input_and_folders_without_per_row_lengths(translator):
     copying = OrtTranslator(translator.folder, provider="cpu", decoder_cache="copy")
     with pytest.raises(ValueError, match="per-row lengths"):

@@ -236,7 +236,7 @@ def test_concurrent_answers_equal_single_request_translations(oracle, variant):
     if folder is not None:
         oracle = OrtTranslator(folder, provider="cpu", intra_op_num_threads=1)
     processes = {"sessions": 2, "session_workers": "process"} if "process" in variant else {}
-    steps = {"step_batching": True, "max_batch_size": 6} if "step-level" in variant else {}
+    steps = {"step_batching": True, "step_batch_size": 6} if "step-level" in variant else {}
     service = make_service(max_wait_ms=20, folder=folder, **processes, **steps)
 
     async def scenario(client):
@@ -468,9 +468,8 @@ def test_admission_control_refuses_the_excess_at_once_and_finishes_what_it_accep
 
 def test_step_level_admission_refuses_what_would_wait_too_long_for_a_place():
     """Step-level batching: at the rate the sessions answer while they have work (not the rate requests came at,
-    which admission itself limits), a request whose segments would be answered more than
-    max_queue_seconds from now, behind every segment submitted before (those decoding slow each step too, not only
-    those waiting for a place), is a 503 at once; one that finds nothing outstanding is always admitted."""
+    which admission itself limits), a request whose segments would wait more than max_queue_seconds for a place in
+    a decoder batch, behind those waiting already, is a 503 at once; one that finds a place is always admitted."""
     from vanilla_transformer_ort.serve.step_scheduling import StepScheduler
 
     class Sessions:
@@ -478,13 +477,14 @@ def test_step_level_admission_refuses_what_would_wait_too_long_for_a_place():
 
     scheduler = StepScheduler(Sessions(), max_sentences=4, max_queue_seconds=1.0)
     assert scheduler.service_rate is None and scheduler.expected_wait(3) == 0  # nothing outstanding
-    scheduler._outstanding[0] = 1
-    assert scheduler.expected_wait(3) is None  # no rate measured yet: only max_queue applies
+    scheduler._outstanding[0] = 3
+    assert scheduler.expected_wait(1) == 0  # a free place: no wait, even before a rate is measured
+    assert scheduler.expected_wait(3) is None  # 2 would wait; no rate measured yet: only max_queue applies
     scheduler._answered.extend([(1, 0.5), (2, 1.0), (1, 0.5)])  # 4 segments answered in 2 busy seconds: 2/s
     assert scheduler.service_rate == pytest.approx(2.0)
     scheduler._outstanding[0] = 5  # 4 decoding, 1 waiting for a place
     assert scheduler.queue_depth == 1
-    assert scheduler.expected_wait(1) == pytest.approx(3.0)  # 6 segments at 2/s
+    assert scheduler.expected_wait(1) == pytest.approx(1.0)  # 2 segments waiting at 2/s
     scheduler._outstanding[0] = 0
     assert scheduler.expected_wait(2) == 0  # nothing outstanding: no wait
 
@@ -492,10 +492,10 @@ def test_step_level_admission_refuses_what_would_wait_too_long_for_a_place():
         await scheduler.start()
         scheduler._outstanding[0] = 3
         with pytest.raises(Overloaded) as error:
-            scheduler.submit(["a b"])
+            scheduler.submit(["a b"] * 4)  # 3 of them would wait: 1.5 s at 2/s
         return error.value.retry_after
 
-    assert asyncio.run(refused()) == 1  # ceil(2 s expected - 1 s allowed)
+    assert asyncio.run(refused()) == 1  # ceil(1.5 s expected - 1 s allowed)
 
 
 def test_the_service_rate_follows_the_batches():

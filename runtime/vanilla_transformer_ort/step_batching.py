@@ -139,9 +139,10 @@ class StepBatcher:
 
     # -- the public side ------------------------------------------------------------------------------------------
 
-    def submit(self, sources: Sequence[Sequence[int]]) -> Future:
+    def submit(self, sources: Sequence[Sequence[int]], first: bool = False) -> Future:
         """Queue sources (token ids, EOS included); a future of their output ids. Sources join the batch in the
-        order submitted, as places free up."""
+        order submitted, as places free up; `first`: before those waiting (more work of a request that waited
+        already, such as the server's placeholder retries)."""
         if not sources or any(len(ids) == 0 for ids in sources):
             raise ValueError("submit needs at least one source, each with at least one token")
         job = _Job(Future(), [None] * len(sources), len(sources))
@@ -152,7 +153,11 @@ class StepBatcher:
                     if self._failure is None
                     else f"the step batcher stopped: {self._failure!r}"
                 )
-            self.pending.extend((job, index, list(ids)) for index, ids in enumerate(sources))
+            sentences = [(job, index, list(ids)) for index, ids in enumerate(sources)]
+            if first:
+                self.pending.extendleft(reversed(sentences))
+            else:
+                self.pending.extend(sentences)
             self._condition.notify_all()
         return job.future
 

@@ -64,6 +64,7 @@ def build_parser():
         ("max_queue_seconds", float, "queued work, in seconds at the measured rate, beyond which a request is a 503"),
         ("max_batch_tokens", positive_int, "padded tokens a batch"),
         ("max_batch_size", positive_int, "segments a batch"),
+        ("step_batch_size", positive_int, "sources a session decodes at once with --step_batching"),
         ("max_wait_ms", float, "longest wait to fill a batch while another runs"),
         ("max_file_bytes", positive_int, "bytes a file sent to /translate_file; more is a 413"),
         ("download_expiry", float, "seconds a translated file can be downloaded, then it is deleted"),
@@ -78,7 +79,7 @@ def build_parser():
         "--step_batching",
         action="store_true",
         help="step-level batching: a request's segments join the running decoder batch at its next step and leave it "
-        "when they finish, up to --max_batch_size sources a session (export format 3, CPU)",
+        "when they finish, up to --step_batch_size sources a session (export format 3, CPU)",
     )
     parser.add_argument(
         "--no_files_translation", action="store_true", help="turn off /translate_file (403) and the page's file tab"

@@ -152,7 +152,7 @@ def load_translators(spec: ModelSpec, settings: ServeSettings) -> list:
         options = {"num_beams": settings.num_beams, "max_new_tokens": settings.max_new_tokens}
         options = {name: value for name, value in options.items() if value is not None}
         return [
-            step_session(folder, settings.provider, settings.threads_per_session, settings.max_batch_size, options)
+            step_session(folder, settings.provider, settings.threads_per_session, settings.step_batch_size, options)
             for _ in range(settings.sessions)
         ]
     if settings.session_workers == "process":
@@ -202,7 +202,7 @@ class TranslationService:
             if self.settings.step_batching:
                 scheduler = StepScheduler(
                     engine,
-                    max_sentences=self.settings.max_batch_size,
+                    max_sentences=self.settings.step_batch_size,
                     max_queue=self.settings.max_queue,
                     max_queue_seconds=self.settings.max_queue_seconds,
                     on_batch=self.metrics.observe_batch,

@@ -48,6 +48,7 @@ class ServeSettings:
     max_queue_seconds: float = 10.0
     max_batch_tokens: int = 4096
     max_batch_size: int = 64
+    step_batch_size: int = 16
     max_wait_ms: float = 5.0
     batching: bool = True
     step_batching: bool = False
@@ -67,7 +68,7 @@ class ServeSettings:
     def __post_init__(self) -> None:
         positive = (
             "char_limit", "max_texts", "max_body_bytes", "max_queue", "max_batch_tokens", "max_batch_size",
-            "max_file_bytes",
+            "step_batch_size", "max_file_bytes",
         )  # fmt: skip
         if self.sessions is None:
             self.sessions = min(2, usable_cores())

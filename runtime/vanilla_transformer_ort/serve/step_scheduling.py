@@ -4,9 +4,10 @@ they finish, instead of waiting for a batch to end or to fill.
 
 `StepScheduler` offers the batch scheduler's interface to the service (`submit`, `close`, `queue_depth`,
 `busy_sessions`, `expected_wait`, the same `QueueFull` / `Overloaded` / `ShuttingDown` refusals), so admission
-control works as it does for request-level batches: a request whose segments, behind all those submitted before,
-would be answered more than `max_queue_seconds` from now at the service rate measured from the answers, is refused
-at once with a 503.
+control means what it means for request-level batches: a request whose segments would wait more than
+`max_queue_seconds` for a place in a decoder batch, behind those waiting already, at the service rate measured from
+the answers, is refused at once with a 503. A segment that finds a free place joins at the next step, whatever the
+load; how long the decoding of a full batch takes is bounded by the batch's size (`max_sentences`), not here.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ class StepScheduler:
         engine: the model's step sessions (`engine.translators`) and its tokenizer.
         max_sentences: sources each session decodes at once; beyond them, segments wait for a place.
         max_queue: waiting segments beyond which `submit` raises `QueueFull`.
-        max_queue_seconds: `submit` raises `Overloaded` when the segments submitted and the new request's would take
-            longer than this to be answered, at the measured service rate. None: only `max_queue` bounds them.
+        max_queue_seconds: `submit` raises `Overloaded` when the new request's segments would wait longer than this
+            for a place in a decoder batch, at the measured service rate. None: only `max_queue` bounds them.
         on_batch: called on the event loop with each answered request's `BatchStats` (its segments, source tokens,
             generated tokens and seconds from submission to answer).
         on_steps: called on the event loop with the sessions' `StepStats` (decoder steps, rows summed over them)
@@ -94,13 +95,13 @@ class StepScheduler:
         self._busy_since = now if sum(self._outstanding) else None
 
     def expected_wait(self, segments: int = 0) -> float | None:
-        """Seconds until the segments submitted, and `segments` more, are answered, at `service_rate`: every
-        segment in a decoder batch slows the others' steps, so all of them count, not only those waiting for a
-        place; 0 while nothing is outstanding."""
-        rate, outstanding = self.service_rate, sum(self._outstanding)
-        if not outstanding:
+        """Seconds until the waiting segments, and `segments` more, have a place in a decoder batch, at
+        `service_rate` (each answer frees a place); 0 while there are places for them all."""
+        waiting = sum(self._outstanding) + segments - self.capacity
+        if waiting <= 0:
             return 0.0
-        return None if rate is None else (outstanding + segments) / rate
+        rate = self.service_rate
+        return None if rate is None else waiting / rate
 
     async def start(self) -> None:
         self._started = True
@@ -108,8 +109,8 @@ class StepScheduler:
     def submit(self, texts: list[str], admitted: bool = False) -> list[asyncio.Future]:
         """One request's segments to the least busy session; a future per segment (its translation). Raises
         `QueueFull`, `Overloaded` or `ShuttingDown`; nothing is submitted then. A request is always admitted when
-        nothing else is outstanding; `admitted`: more work of a request admitted before, never
-        refused while sessions run."""
+        its segments find places; `admitted`: more work of a request admitted before (a placeholder retry), never
+        refused while sessions run, and put before the segments waiting for a place."""
         if (self._closing and not admitted) or not self._started:
             raise ShuttingDown("the server is shutting down")
         if not admitted and self.queue_depth + len(texts) > self.max_queue:
@@ -128,7 +129,7 @@ class StepScheduler:
         self._outstanding[session] += len(sources)
         futures = [loop.create_future() for _ in sources]
         submitted = time.perf_counter()
-        answer = self.engine.translators[session].submit(sources)
+        answer = self.engine.translators[session].submit(sources, first=admitted)  # a retry waited once already
 
         def done(future: Future) -> None:
             loop.call_soon_threadsafe(self._answer, session, sources, futures, future, submitted)

@@ -156,8 +156,8 @@ class StepSession:
         self.tokenizer, self.settings, self.config = translator.tokenizer, translator.settings, translator.config
         self.batcher = StepBatcher(translator, max_sentences, **overrides)
 
-    def submit(self, sources: list[list[int]]) -> Future:
-        return self.batcher.submit(sources)
+    def submit(self, sources: list[list[int]], first: bool = False) -> Future:
+        return self.batcher.submit(sources, first)
 
     def take_stats(self):
         return self.batcher.take_stats()
@@ -168,8 +168,8 @@ class StepSession:
 
 def _step_session_main(folder: str, provider: str, threads: int, max_sentences: int, overrides: dict, jobs, results,
                        parent: int) -> None:  # fmt: skip
-    """A step session's child process: one `StepBatcher`; jobs `(id, sources)` in, `(id, output, error, stats)` out;
-    None ends it once everything submitted is answered."""
+    """A step session's child process: one `StepBatcher`; jobs `(id, sources, first)` in, `(id, output, error,
+    stats)` out; None ends it once everything submitted is answered."""
     from ..worker_pool import shield
 
     shield(parent)
@@ -187,9 +187,9 @@ def _step_session_main(folder: str, provider: str, threads: int, max_sentences: 
         results.put((job, output, message, session.take_stats()))
 
     while (item := jobs.get()) is not None:
-        job, sources = item
+        job, sources, first = item
         try:
-            session.submit(sources).add_done_callback(lambda future, job=job: answer(job, future))
+            session.submit(sources, first).add_done_callback(lambda future, job=job: answer(job, future))
         except Exception as error:
             results.put((job, None, f"{type(error).__name__}: {error}", None))
     session.close()
@@ -261,7 +261,7 @@ class StepSessionProcess:
             else:
                 future.set_result(output)
 
-    def submit(self, sources: list[list[int]]) -> Future:
+    def submit(self, sources: list[list[int]], first: bool = False) -> Future:
         future: Future = Future()
         with self._lock:
             if not self._process.is_alive():
@@ -269,7 +269,7 @@ class StepSessionProcess:
                 self._start()
             job, self._next_job = self._next_job, self._next_job + 1
             self._futures[job] = future
-        self._jobs.put((job, [list(map(int, ids)) for ids in sources]))
+        self._jobs.put((job, [list(map(int, ids)) for ids in sources], first))
         return future
 
     def take_stats(self):
