@@ -5,7 +5,8 @@ and open-loop (Poisson) arrivals.
     python -m benchmarks.serve_load --model outputs/main_job/onnx-int8 --num_beams 4
     python -m benchmarks.serve_load --model onnx/base-int8 --clients 1 8 32 128 --seconds 20
 
-For each server mode of `--modes` (request-level batching; step-level, `--step_batching`; off, `--no_batching`) a
+For each server mode of `--modes` (request-level batching, `--no_step_batching`; step-level, `--step_batching`;
+off, `--no_batching`) a
 fresh `vt-serve` subprocess serves the folder on a loopback port. At each concurrency level N, N asyncio clients
 (httpx) each send one UI string a request, waiting for the answer before sending the next, for `--seconds` after a
 short warm-up; strings are the English side of `--texts` (the held-out gettext test split by default), cycled from a
@@ -13,7 +14,8 @@ fixed seed. "1 client" is one request at a time, whose p50 is the single-request
 Reported: sentences/s, p50 and p99 latency, failed requests, the server's CPU use (process CPU seconds per wall
 second, all its threads) and the load generator's (each client holds its own connection, as separate users do: one
 shared connection pool cost the generator most of a core at 128 clients, and that row then measured the generator).
-Results go to `benchmarks/results/serve_load.json`. Not a timed test.
+Results go to `benchmarks/results/serve_load.json` (`--output`), one file a machine: each run is kept under its
+settings (model, flags, levels), and a run with the same settings replaces the one before. Not a timed test.
 
 `--open_loop F ...` adds open-loop rows to each batching server: requests arrive as a Poisson stream at F times the
 capacity measured at the largest `--clients` level (each request its own task, not waiting for any other), for
@@ -46,7 +48,7 @@ from benchmarks.common import process_tree, read_tsv
 
 # --modes: the name a row carries and the server's flags
 MODES = {
-    "batching": ("batching", []),
+    "batching": ("batching", ["--no_step_batching"]),
     "step": ("step-level", ["--step_batching"]),
     "off": ("batching off", ["--no_batching"]),
 }
@@ -300,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         "--paragraphs", type=float, default=0.0, help="share of open-loop requests that are paragraphs"
     )
     parser.add_argument(
-        "--modes", nargs="+", default=["batching", "off"], choices=list(MODES),
+        "--modes", nargs="+", default=["step", "batching", "off"], choices=list(MODES),
         help="servers to measure, one after the other: request-level batching, step-level (--step_batching), "
         "batching off (--no_batching)",
     )  # fmt: skip
@@ -323,10 +325,27 @@ def main(argv: list[str] | None = None) -> None:
                 f"{row['cpu_cores']:.2f} | "
                 f"{row['failed']} |"
             )
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    record = {"model": args.model, "num_beams": args.num_beams, "server_args": args.server_args, "rows": rows}
-    args.output.write_text(json.dumps(record, indent=2) + "\n")
+    settings = {
+        "model": args.model, "num_beams": args.num_beams, "server_args": args.server_args, "modes": args.modes,
+        "clients": args.clients, "open_loop": args.open_loop, "paragraphs": args.paragraphs, "seconds": args.seconds,
+    }  # fmt: skip
+    save_run(args.output, {**settings, "date": time.strftime("%Y-%m-%d"), "rows": rows})
     print(f"\nWrote {args.output}")
+
+
+SETTINGS = ("model", "num_beams", "server_args", "modes", "clients", "open_loop", "paragraphs", "seconds")
+
+
+def save_run(path: Path, run: dict) -> None:
+    """Keep `run` in the machine's results file `path` (`{"runs": [...]}`), replacing a run of the same settings."""
+    runs = json.loads(path.read_text())["runs"] if path.exists() else []
+    same = [i for i, old in enumerate(runs) if all(old.get(key) == run[key] for key in SETTINGS)]
+    if same:
+        runs[same[0]] = run
+    else:
+        runs.append(run)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -59,8 +59,12 @@ def slow_loader(delay: float):
 
 
 def make_service(delay: float | None = None, folder=None, **settings) -> TranslationService:
-    """A service of the tiny export; one session in a thread of this process unless `settings` say otherwise."""
+    """A service of the tiny export; one session in a thread of this process unless `settings` say otherwise.
+    `delay`: each batch's `generate` sleeps that long first, so request-level batches are served (step-level
+    sessions do not call `generate`) unless `settings` ask for step-level batching."""
     settings = {"threads": 1, "sessions": 1, "session_workers": "thread", **settings}
+    if delay:
+        settings.setdefault("step_batching", False)
     load = slow_loader(delay) if delay else load_translators
     return TranslationService([tiny_spec(folder)], ServeSettings(**settings), load=load)
 

@@ -236,7 +236,7 @@ def test_concurrent_answers_equal_single_request_translations(oracle, variant):
     if folder is not None:
         oracle = OrtTranslator(folder, provider="cpu", intra_op_num_threads=1)
     processes = {"sessions": 2, "session_workers": "process"} if "process" in variant else {}
-    steps = {"step_batching": True, "step_batch_size": 6} if "step-level" in variant else {}
+    steps = {"step_batching": True, "step_batch_size": 6} if "step-level" in variant else {"step_batching": False}
     service = make_service(max_wait_ms=20, folder=folder, **processes, **steps)
 
     async def scenario(client):
@@ -248,7 +248,7 @@ def test_concurrent_answers_equal_single_request_translations(oracle, variant):
     for texts, answer in zip(requests, answers, strict=True):
         assert answer.status_code == 200, answer.text
         assert answer.json()["translatedText"] == [single(oracle, t) for t in texts]
-    if steps:  # decoder steps ran several requests' rows together
+    if steps["step_batching"]:  # decoder steps ran several requests' rows together
         assert _metric(metrics, "vt_decoder_step_rows_total") > 2 * _metric(metrics, "vt_decoder_steps_total")
         return
     count = _metric(metrics, "vt_batch_size_count")
@@ -565,7 +565,7 @@ def test_a_server_fault_is_a_json_500_without_a_stack_trace():
         def generate(self, *args, **kwargs):
             raise ZeroDivisionError("a bug")
 
-    settings = ServeSettings(threads=1, sessions=1, session_workers="thread")
+    settings = ServeSettings(threads=1, sessions=1, session_workers="thread", step_batching=False)  # `generate`
     service = TranslationService(
         [tiny_spec()], settings, load=lambda spec, s: [Broken(t) for t in load_translators(spec, s)]
     )
@@ -628,19 +628,21 @@ def test_folder_without_languages_asks_for_the_pair(tmp_path):
     assert process.returncode == 2 and "en-de=" in stderr
 
 
-def test_sigterm_finishes_accepted_requests_and_refuses_new_ones(oracle):
-    """A live server in a subprocess, its session in a process of its own (the default): a request in flight when
-    SIGTERM arrives still gets its translation; then the port refuses connections and the process ends with status 0
-    and one line saying why. Every other line on stderr is a JSON access line or a `time level logger: message`
-    line, uvicorn's own included."""
-    texts = [" ".join(words) for words in itertools.islice(itertools.permutations("abcdefgh", 3), 150)]
-    process, url = serve_process(f"en-de={trained_export_dir()}", "--sessions", "1", "--max_batch_size", "1")
+@pytest.mark.parametrize("scheduler", [[], ["--no_step_batching"]], ids=["step-level", "request-level"])
+def test_sigterm_finishes_accepted_requests_and_refuses_new_ones(oracle, scheduler):
+    """A live server in a subprocess, its session in a process of its own (the default), with step-level batching
+    (the default) and request-level batches: a request in flight when SIGTERM arrives still gets its translation;
+    then the port refuses connections and the process ends with status 0 and one line saying why. Every other line
+    on stderr is a JSON access line or a `time level logger: message` line, uvicorn's own included."""
+    texts = [" ".join(words) for words in itertools.islice(itertools.permutations("abcdefgh", 4), 1000)]
+    one_at_a_time = ["--max_batch_size", "1", "--step_batch_size", "1"]
+    process, url = serve_process(f"en-de={trained_export_dir()}", "--sessions", "1", *one_at_a_time, *scheduler)
     try:
         wait_ready(url, process=process)
 
         async def scenario():
             async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-                in_flight = asyncio.create_task(  # 150 batches of one text, one after the other
+                in_flight = asyncio.create_task(  # 1000 texts decoded one after the other
                     client.post("/translate", json={"q": texts, "source": "en", "target": "de"})
                 )
                 await asyncio.sleep(0.1)

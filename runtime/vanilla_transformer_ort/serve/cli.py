@@ -64,7 +64,7 @@ def build_parser():
         ("max_queue_seconds", float, "queued work, in seconds at the measured rate, beyond which a request is a 503"),
         ("max_batch_tokens", positive_int, "padded tokens a batch"),
         ("max_batch_size", positive_int, "segments a batch"),
-        ("step_batch_size", positive_int, "sources a session decodes at once with --step_batching"),
+        ("step_batch_size", positive_int, "sources a session decodes at once with step-level batching"),
         ("max_wait_ms", float, "longest wait to fill a batch while another runs"),
         ("max_file_bytes", positive_int, "bytes a file sent to /translate_file; more is a 413"),
         ("download_expiry", float, "seconds a translated file can be downloaded, then it is deleted"),
@@ -75,11 +75,20 @@ def build_parser():
             f"--{name}", type=kind, default=getattr(defaults, name), help=f"{text} (default %(default)s)"
         )
     parser.add_argument("--no_batching", action="store_true", help="never batch different requests together")
-    parser.add_argument(
+    steps = parser.add_mutually_exclusive_group()
+    steps.add_argument(
         "--step_batching",
         action="store_true",
-        help="step-level batching: a request's segments join the running decoder batch at its next step and leave it "
-        "when they finish, up to --step_batch_size sources a session (export format 3, CPU)",
+        default=None,
+        help="step-level batching (the default where the folder allows it: export format 3, CPU): a request's "
+        "segments join the running decoder batch at its next step and leave it when they finish, up to "
+        "--step_batch_size sources a session; given, a folder that does not allow it is an error",
+    )
+    steps.add_argument(
+        "--no_step_batching",
+        dest="step_batching",
+        action="store_false",
+        help="request-level batching: a batch runs until its longest segment is done",
     )
     parser.add_argument(
         "--no_files_translation", action="store_true", help="turn off /translate_file (403) and the page's file tab"

@@ -132,6 +132,17 @@ class Metrics:
             self.tokens_per_second.set(stats.generated_tokens / stats.seconds)
 
 
+def step_level(folder, settings: ServeSettings) -> bool:
+    """Whether a pair is served with step-level batching: as `step_batching` says, or where it is None (the
+    default), wherever it can be: requests batched together, the CPU provider, and an export folder of format 3
+    whose int8 graphs, if any, quantize each row on its own."""
+    if settings.step_batching is not None:
+        return settings.step_batching
+    return (
+        settings.batching and settings.provider == "cpu" and folder.has_per_row_lengths and not batch_dependent(folder)
+    )
+
+
 def load_translators(spec: ModelSpec, settings: ServeSettings) -> list:
     """`settings.sessions` sessions of the folder, each on `settings.threads_per_session` threads: `SessionProcess`es
     (each in a process of its own, `session_workers="process"`) or `OrtTranslator`s in this process ("thread")."""
@@ -145,7 +156,7 @@ def load_translators(spec: ModelSpec, settings: ServeSettings) -> list:
             "serve it with --no_batching",
             spec.folder,
         )
-    if settings.step_batching:
+    if step_level(folder, settings):
         from .workers import StepSession, StepSessionProcess
 
         step_session = StepSessionProcess if settings.session_workers == "process" else StepSession
@@ -199,7 +210,8 @@ class TranslationService:
             translators = await asyncio.to_thread(self.load, spec, self.settings)
             options = {"num_beams": self.settings.num_beams, "max_new_tokens": self.settings.max_new_tokens}
             engine = Engine(translators, options)
-            if self.settings.step_batching:
+            steps = step_level(spec.export_folder, self.settings)
+            if steps:
                 scheduler = StepScheduler(
                     engine,
                     max_sentences=self.settings.step_batch_size,
@@ -222,11 +234,12 @@ class TranslationService:
             await scheduler.start()
             self.pairs[(spec.source, spec.target)] = ServedPair(spec, engine, scheduler)
             logger.info(
-                "Serving %s from %s (%d session(s) x %d thread(s))",
+                "Serving %s from %s (%d session(s) x %d thread(s), %s batching)",
                 spec.pair,
                 spec.folder,
                 len(translators),
                 self.settings.threads_per_session,
+                "step-level" if steps else "request-level" if self.settings.batching else "no",
             )
         self.ready = True
 

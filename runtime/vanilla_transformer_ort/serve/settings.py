@@ -51,7 +51,7 @@ class ServeSettings:
     step_batch_size: int = 16
     max_wait_ms: float = 5.0
     batching: bool = True
-    step_batching: bool = False
+    step_batching: bool | None = None  # None: step-level wherever the folder and provider allow it
     sessions: int | None = None
     threads: int | None = None
     num_beams: int | None = None
