@@ -122,6 +122,38 @@ def test_first_goes_before_the_waiting_sources(translator, monkeypatch):
     assert joined == [[5, 2], [7, 2], [8, 2], [6, 2]]
 
 
+def test_waiting_submissions_take_turns(translator, monkeypatch):
+    """A one-sentence submission that comes after a long one joins with the long one's first sentence, not after
+    all of them."""
+    batcher = StepBatcher(translator, max_sentences=2, max_new_tokens=6)
+    joined, release = [], threading.Event()
+    join = batcher._join
+    monkeypatch.setattr(
+        batcher, "_join", lambda sentences: (joined.append([s[2] for s in sentences]), join(sentences))
+    )
+    step = batcher._step
+    monkeypatch.setattr(batcher, "_step", lambda: (release.wait(30), step()))  # hold the batch's first step
+    try:
+        holding = batcher.submit([[4, 2], [4, 4, 2]])
+        time.sleep(0.2)  # both places taken
+        long = batcher.submit([[5, 2], [5, 5, 2], [5, 5, 5, 2], [5, 5, 5, 5, 2]])
+        short = batcher.submit([[6, 2]])
+        release.set()
+        for future in (holding, long, short):
+            future.result(timeout=60)
+    finally:
+        release.set()
+        batcher.close()
+    order = [ids for group in joined for ids in group]
+    assert order[:2] == [[4, 2], [4, 4, 2]]
+    assert order.index([6, 2]) < order.index([5, 5, 2]), (
+        order
+    )  # the short one's turn came before the long one's second
+    assert sorted(map(tuple, order[2:])) == sorted(
+        map(tuple, [[5, 2], [5, 5, 2], [5, 5, 5, 2], [5, 5, 5, 5, 2], [6, 2]])
+    )
+
+
 def test_bad_input_and_folders_without_per_row_lengths(translator):
     copying = OrtTranslator(translator.folder, provider="cpu", decoder_cache="copy")
     with pytest.raises(ValueError, match="per-row lengths"):

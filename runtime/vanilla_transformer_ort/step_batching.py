@@ -85,7 +85,8 @@ class StepBatcher:
 
     Args:
         translator: the sessions (its encoder, in-place decoder and `beam_scores.onnx` ranker).
-        max_sentences: sources decoded at once (rows: `max_sentences x num_beams`); later sources wait, in order.
+        max_sentences: sources decoded at once (rows: `max_sentences x num_beams`); later sources wait, the
+            submissions taking turns.
         overrides: generation settings for every sentence (`num_beams`, `max_new_tokens`, ...), as in `generate`.
 
     `submit(sources)` returns a `concurrent.futures.Future` of the (sentences, 1 + generated) output of
@@ -129,7 +130,7 @@ class StepBatcher:
         self.members: list[tuple[_Job, int]] = []  # the submission of each sentence of the search, and its place
         self.used = 0  # slots [0, used) are in the batch; those in `freed` are holes until the next step
         self.freed: list[int] = []
-        self.pending: deque[tuple[_Job, int, list[int]]] = deque()  # sentences waiting for a slot
+        self.pending: deque[tuple[_Job, deque, bool]] = deque()  # submissions waiting for a slot, and `first`
         self.stats = StepStats()
         self._condition = threading.Condition()  # guards `pending`, `stats` and closing; the rest is the thread's
         self._closing = False
@@ -140,9 +141,9 @@ class StepBatcher:
     # -- the public side ------------------------------------------------------------------------------------------
 
     def submit(self, sources: Sequence[Sequence[int]], first: bool = False) -> Future:
-        """Queue sources (token ids, EOS included); a future of their output ids. Sources join the batch in the
-        order submitted, as places free up; `first`: before those waiting (more work of a request that waited
-        already, such as the server's placeholder retries)."""
+        """Queue sources (token ids, EOS included); a future of their output ids. Sources join the batch as places
+        free up, the waiting submissions taking turns in the order submitted; `first`: before those waiting (more
+        work of a request that waited already, such as the server's placeholder retries)."""
         if not sources or any(len(ids) == 0 for ids in sources):
             raise ValueError("submit needs at least one source, each with at least one token")
         job = _Job(Future(), [None] * len(sources), len(sources))
@@ -153,11 +154,11 @@ class StepBatcher:
                     if self._failure is None
                     else f"the step batcher stopped: {self._failure!r}"
                 )
-            sentences = [(job, index, list(ids)) for index, ids in enumerate(sources)]
+            waiting = (job, deque((index, list(ids)) for index, ids in enumerate(sources)), first)
             if first:
-                self.pending.extendleft(reversed(sentences))
+                self.pending.appendleft(waiting)
             else:
-                self.pending.extend(sentences)
+                self.pending.append(waiting)
             self._condition.notify_all()
         return job.future
 
@@ -197,13 +198,27 @@ class StepBatcher:
                     if self._closing:
                         return
                     self._condition.wait()
-                free = self.max_sentences - self.search.size
-                joining = [self.pending.popleft() for _ in range(min(free, len(self.pending)))]
+                joining = self._next_sentences(self.max_sentences - self.search.size)
             joining = [sentence for sentence in joining if not sentence[0].future.done()]  # not of a failed job
             if joining:
                 self._join(joining)
             if self.search.size:
                 self._step()
+
+    def _next_sentences(self, free: int) -> list[tuple[_Job, int, list[int]]]:
+        """Up to `free` waiting sentences, the submissions taking turns: the first waiting gives one sentence and
+        goes to the back of the line, so that a short request that comes after a long one does not wait for all of
+        it. A submission queued `first` keeps its place at the front until all its sentences joined."""
+        taken = []
+        while free > 0 and self.pending:
+            job, sentences, first = self.pending.popleft()
+            taken.append((job, *sentences.popleft()))
+            free -= 1
+            if sentences and first:
+                self.pending.appendleft((job, sentences, first))
+            elif sentences:
+                self.pending.append((job, sentences, first))
+        return taken
 
     def _join(self, sentences: list[tuple[_Job, int, list[int]]]) -> None:
         """Encode the sources in one encoder run into free slots; they join the search at its next step."""
