@@ -99,26 +99,30 @@ def test_more_sources_than_slots_are_split_into_cohorts(translator):
     assert np.array_equal(output, expected)
 
 
-def test_first_goes_before_the_waiting_sources(translator, monkeypatch):
-    """`submit(..., first=True)` (the server's placeholder retries) joins before the sources waiting for a place."""
-    batcher = StepBatcher(translator, max_sentences=1, max_new_tokens=6)
-    joined = []
-    join = batcher._join
+def _joins_after_a_held_step(batcher: StepBatcher, monkeypatch, holding: list, then: list) -> list[list[int]]:
+    """Submit `holding` (source lists) and let it take the places; hold the batch's first step while the `then`
+    submissions, `(sources, first)`, queue; release it and finish. The sources in the order they joined."""
+    joined, release = [], threading.Event()
+    join, step = batcher._join, batcher._step
     monkeypatch.setattr(batcher, "_join", lambda sentences: (joined.extend(s[2] for s in sentences), join(sentences)))
-    release = threading.Event()
-    step = batcher._step
-    monkeypatch.setattr(batcher, "_step", lambda: (release.wait(30), step()))  # hold the batch's first step
+    monkeypatch.setattr(batcher, "_step", lambda: (release.wait(30), step()))
     try:
-        running = batcher.submit([[5, 2]])
-        time.sleep(0.2)  # [5, 2] holds the only place
-        waiting = batcher.submit([[6, 2]])
-        retry = batcher.submit([[7, 2], [8, 2]], first=True)
+        futures = [batcher.submit(holding)]
+        time.sleep(0.2)  # `holding` joined and holds the places
+        futures += [batcher.submit(sources, first=first) for sources, first in then]
         release.set()
-        for future in (running, waiting, retry):
+        for future in futures:
             future.result(timeout=60)
     finally:
         release.set()
         batcher.close()
+    return joined
+
+
+def test_first_goes_before_the_waiting_sources(translator, monkeypatch):
+    """`submit(..., first=True)` (the server's placeholder retries) joins before the sources waiting for a place."""
+    batcher = StepBatcher(translator, max_sentences=1, max_new_tokens=6)
+    joined = _joins_after_a_held_step(batcher, monkeypatch, [[5, 2]], [([[6, 2]], False), ([[7, 2], [8, 2]], True)])
     assert joined == [[5, 2], [7, 2], [8, 2], [6, 2]]
 
 
@@ -126,32 +130,11 @@ def test_waiting_submissions_take_turns(translator, monkeypatch):
     """A one-sentence submission that comes after a long one joins with the long one's first sentence, not after
     all of them."""
     batcher = StepBatcher(translator, max_sentences=2, max_new_tokens=6)
-    joined, release = [], threading.Event()
-    join = batcher._join
-    monkeypatch.setattr(
-        batcher, "_join", lambda sentences: (joined.append([s[2] for s in sentences]), join(sentences))
-    )
-    step = batcher._step
-    monkeypatch.setattr(batcher, "_step", lambda: (release.wait(30), step()))  # hold the batch's first step
-    try:
-        holding = batcher.submit([[4, 2], [4, 4, 2]])
-        time.sleep(0.2)  # both places taken
-        long = batcher.submit([[5, 2], [5, 5, 2], [5, 5, 5, 2], [5, 5, 5, 5, 2]])
-        short = batcher.submit([[6, 2]])
-        release.set()
-        for future in (holding, long, short):
-            future.result(timeout=60)
-    finally:
-        release.set()
-        batcher.close()
-    order = [ids for group in joined for ids in group]
-    assert order[:2] == [[4, 2], [4, 4, 2]]
-    assert order.index([6, 2]) < order.index([5, 5, 2]), (
-        order
-    )  # the short one's turn came before the long one's second
-    assert sorted(map(tuple, order[2:])) == sorted(
-        map(tuple, [[5, 2], [5, 5, 2], [5, 5, 5, 2], [5, 5, 5, 5, 2], [6, 2]])
-    )
+    long = [[5, 2], [5, 5, 2], [5, 5, 5, 2], [5, 5, 5, 5, 2]]
+    joined = _joins_after_a_held_step(batcher, monkeypatch, [[4, 2], [4, 4, 2]], [(long, False), ([[6, 2]], False)])
+    assert joined[:2] == [[4, 2], [4, 4, 2]]
+    assert joined.index([6, 2]) < joined.index([5, 5, 2]), joined  # its turn came before the long one's second
+    assert sorted(map(tuple, joined[2:])) == sorted(map(tuple, [*long, [6, 2]]))
 
 
 def test_bad_input_and_folders_without_per_row_lengths(translator):
