@@ -203,6 +203,11 @@ def processed_scores(scores: np.ndarray, cur_lens: np.ndarray, settings: Generat
     return scores
 
 
+def sentence_rows(sentences: np.ndarray, num_beams: int) -> np.ndarray:
+    """The decoder rows of these sentences (int64 indices), each sentence's `num_beams` rows adjacent."""
+    return (sentences[:, None] * num_beams + np.arange(num_beams)).reshape(-1)  # (sentences, beams) -> (rows,)
+
+
 def stack_outputs(outputs: list[np.ndarray], fill: int) -> np.ndarray:
     """Sentences' output ids (each 1 + its own generated length) as one (sentences, 1 + longest) array, the shorter
     filled with `fill`, as `generate()` returns a batch."""
@@ -313,7 +318,7 @@ class BeamSearch:
 
     def rows(self, sentences: np.ndarray) -> np.ndarray:
         """The state's rows of these sentences (int64 indices), each sentence's beams adjacent."""
-        return (sentences[:, None] * self.num_beams + np.arange(self.num_beams)).reshape(-1)
+        return sentence_rows(sentences, self.num_beams)
 
     def _norm(self, length: int) -> np.float32:
         # length ** length_penalty as transformers computes it (a Python float, then float32)
@@ -344,13 +349,15 @@ class BeamSearch:
         bias = self.bias() if state.ranks_candidates else None
         if bias is not None:
             vocab = state.vocab_size
-            topk_scores, topk_indices = state.step_top_k(last, self.running_scores.reshape(-1, 1), bias, n, self.k)
+            running = self.running_scores.reshape(-1, 1)  # (n, beams) -> (rows, 1)
+            topk_scores, topk_indices = state.step_top_k(last, running, bias, n, self.k)
         else:
             log_probs = log_softmax(state.step(last))  # (rows, vocab)
             log_probs = processed_scores(log_probs, np.repeat(self.cur_lens, beams), self.settings)
             vocab = log_probs.shape[-1]
-            log_probs += self.running_scores.reshape(-1, 1)
-            topk_scores, topk_indices = top_k(log_probs.reshape(n, beams * vocab), self.k)
+            log_probs += self.running_scores.reshape(-1, 1)  # (n, beams) -> (rows, 1)
+            candidates = log_probs.reshape(n, beams * vocab)  # (rows, vocab) -> (n, beams x vocab)
+            topk_scores, topk_indices = top_k(candidates, self.k)
         state.reorder(self._advance(topk_scores, topk_indices, vocab))
 
     def _advance(self, topk_scores: np.ndarray, topk_indices: np.ndarray, vocab: int) -> np.ndarray:

@@ -39,7 +39,7 @@ from .contract import (
     past_name,
     present_name,
 )
-from .search import BeamSearch, GreedySearch, stack_outputs
+from .search import BeamSearch, GreedySearch, sentence_rows, stack_outputs
 from .sessions import import_onnxruntime
 from .step_rows import BatchRows
 from .translator import target_vocab_size
@@ -246,8 +246,7 @@ class StepBatcher:
         self.mask[slots] = 0
         self.mask[slots, :longest] = attention_mask
         self.source_lengths[slots] = attention_mask.sum(axis=1)
-        rows = (slots[:, None] * self.num_beams + np.arange(self.num_beams)).reshape(-1)  # (slots, beams) -> (rows,)
-        self.lengths[rows] = 0
+        self.lengths[sentence_rows(slots, self.num_beams)] = 0
         self.slots = np.concatenate([self.slots, slots])
         self.members += [(job, index) for job, index, _ in sentences]
         self.search.add(len(sources))

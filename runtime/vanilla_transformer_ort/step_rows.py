@@ -9,6 +9,7 @@ import numpy as np
 
 from .contract import LOGITS
 from .decoder_state import CacheState, scores_feed
+from .search import sentence_rows
 
 if TYPE_CHECKING:
     from .step_batching import StepBatcher
@@ -25,8 +26,7 @@ class BatchRows(CacheState):
 
     def rows(self) -> np.ndarray:
         """(sentences x beams,) the buffers' row of each search row."""
-        beams = self.batcher.num_beams
-        return (self.batcher.slots[:, None] * beams + np.arange(beams)).reshape(-1)  # (sentences, beams) -> (rows,)
+        return sentence_rows(self.batcher.slots, self.batcher.num_beams)
 
     def step(self, last_tokens: np.ndarray) -> np.ndarray:
         rows = self.rows()
