@@ -91,7 +91,8 @@ def test_search_helpers_match_transformers():
     """Top-k order and the min-length / forced-EOS processors against transformers' own implementations."""
     from transformers.generation.logits_process import ForcedEOSTokenLogitsProcessor, MinNewTokensLengthLogitsProcessor
 
-    from vanilla_transformer_ort.search import GenerationSettings, process_scores, top_k
+    from vanilla_transformer_ort.ranking import top_k
+    from vanilla_transformer_ort.search import GenerationSettings, process_scores
 
     scores = np.random.default_rng(0).standard_normal((3, 50)).astype(np.float32)
     values, indices = top_k(scores, 8)
@@ -144,7 +145,7 @@ class _HistoryState:
         return np.array(draws, dtype=np.float32)
 
     def step_top_k(self, last_tokens, running_scores, bias, batch_size, k):
-        from vanilla_transformer_ort.search import log_softmax, top_k
+        from vanilla_transformer_ort.ranking import log_softmax, top_k
 
         scores = log_softmax(self.step(last_tokens)) + bias + running_scores
         return top_k(scores.reshape(batch_size, -1), k)
@@ -204,7 +205,7 @@ def test_sentences_joining_a_running_search_equal_each_searched_alone(num_beams,
 @pytest.mark.parametrize("k", [1, 8])
 def test_top_k_matches_a_full_stable_sort(length, k):
     """The blocked search against sorting whole rows, with many ties (scores drawn from a few values)."""
-    from vanilla_transformer_ort.search import top_k
+    from vanilla_transformer_ort.ranking import top_k
 
     rng = np.random.default_rng(length + k)
     scores = rng.integers(-3, 4, (5, length)).astype(np.float32)

@@ -16,6 +16,8 @@ from typing import Protocol
 
 import numpy as np
 
+from .ranking import gather, log_softmax, top_k
+
 # transformers' "minus infinity" for beam bookkeeping (a finite constant, kept as is to reproduce its arithmetic).
 LARGE_NEGATIVE = np.float32(-1.0e9)
 
@@ -86,12 +88,6 @@ class GenerationSettings:
             raise ValueError(f"min_new_tokens ({self.min_new_tokens}) > max_new_tokens ({self.max_new_tokens})")
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax in float32, computed in place (`logits` is overwritten and returned)."""
-    shifted = np.subtract(logits, logits.max(axis=-1, keepdims=True), out=logits)
-    return np.subtract(shifted, np.log(np.exp(shifted).sum(axis=-1, keepdims=True)), out=shifted)
-
-
 def process_scores(scores: np.ndarray, cur_len: int, settings: GenerationSettings) -> np.ndarray:
     """transformers' bad-words (single tokens), min-length, forced-EOS and renormalization processors, in that
     order, in place; `cur_len` counts the decoder start token."""
@@ -126,70 +122,12 @@ def score_bias(cur_len: int, settings: GenerationSettings, vocab_size: int) -> n
     return bias
 
 
-# Rows longer than this are searched block by block (see `top_k`).
-TOP_K_BLOCK = 256
-
-
-def _ranked(values: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the k largest values per row, descending; ties keep their order in the row.
-
-    Wide rows are partitioned first and only the k chosen are sorted; rows where a tie straddles the k-th place
-    (which partitioning would settle arbitrarily) are sorted whole, stably.
-    """
-    if values.shape[1] <= 4 * k:
-        return np.argsort(-values, axis=1, kind="stable")[:, :k]
-    chosen = np.argpartition(-values, k - 1, axis=1)[:, :k]
-    chosen_values = np.take_along_axis(values, chosen, axis=1)
-    order = np.lexsort((chosen, -chosen_values), axis=1)
-    ranked = np.take_along_axis(chosen, order, axis=1)
-    kth = chosen_values.min(axis=1, keepdims=True)
-    tied = np.flatnonzero((values >= kth).sum(axis=1) > k)
-    if tied.size:
-        ranked[tied] = np.argsort(-values[tied], axis=1, kind="stable")[:, :k]
-    return ranked
-
-
-def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, the k largest values in descending order (ties: lower index first) and their indices.
-
-    Long rows (beam search ranks num_beams x vocab scores per sentence) are searched in blocks of `TOP_K_BLOCK`: the
-    k largest values of a row lie in the k blocks with the largest maxima (ranked by maximum, then position), so only
-    the elements of those blocks, plus the tail that fills no whole block, are sorted. Exact, ties included: every
-    block ranked before the block of a top-k element holds a distinct element ranked before it.
-    """
-    rows, length = scores.shape
-    k = min(k, length)
-    blocks = length // TOP_K_BLOCK
-    if blocks <= 2 * k:
-        order = _ranked(scores, k)
-        return np.take_along_axis(scores, order, axis=1), order
-    body = blocks * TOP_K_BLOCK
-    maxima = scores[:, :body].reshape(rows, blocks, TOP_K_BLOCK).max(axis=2)  # (rows, blocks)
-    best_blocks = np.sort(_ranked(maxima, k), axis=1)  # ascending, so candidates stay in index order
-    candidates = (best_blocks[:, :, None] * TOP_K_BLOCK + np.arange(TOP_K_BLOCK)).reshape(rows, -1)
-    if body < length:
-        tail = np.broadcast_to(np.arange(body, length), (rows, length - body))
-        candidates = np.concatenate([candidates, tail], axis=1)
-    values = np.take_along_axis(scores, candidates, axis=1)
-    order = _ranked(values, k)
-    return np.take_along_axis(values, order, axis=1), np.take_along_axis(candidates, order, axis=1)
-
-
 def _output_fill_value(settings: GenerationSettings) -> int:
     # transformers fills beam outputs with `pad_token_id or eos_token_id[0]`: a pad id of 0 is falsy there,
     # so with pad 0 the unused tail of shorter hypotheses holds EOS. Reproduced for token-identical outputs.
     if not settings.eos_token_ids:
         return -1
     return settings.pad_token_id or settings.eos_token_ids[0]
-
-
-def _gather(array: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """array (batch, beams, ...) gathered on the beam axis with indices (batch, k): (batch, k, ...).
-
-    Plain advanced indexing, as `np.take_along_axis(array, indices[..., None, ...], axis=1)` computes it, without
-    the index arrays that function builds and checks on every call (a search step gathers seven times)."""
-    rows = np.arange(indices.shape[0])[:, None]  # (batch, 1), broadcast against (batch, k)
-    return array[rows, indices]
 
 
 def processed_scores(scores: np.ndarray, cur_lens: np.ndarray, settings: GenerationSettings) -> np.ndarray:
@@ -370,9 +308,9 @@ class BeamSearch:
         source_beam, token = topk_indices // vocab, topk_indices % vocab
         width = int(cur_lens.max()) + 1
         steps = width - 1
-        topk_sequences = _gather(self.running[:, :, :width], source_beam)
+        topk_sequences = gather(self.running[:, :, :width], source_beam)
         topk_sequences[sentences, :, cur_lens] = token
-        topk_origin = _gather(self.running_origin[:, :, :steps], source_beam)
+        topk_origin = gather(self.running_origin[:, :, :steps], source_beam)
         topk_origin[sentences, :, cur_lens - 1] = source_beam + (sentences * beams)[:, None]  # rows of the state
 
         # d. which continuations stop here (EOS, or maximum length)
@@ -381,8 +319,8 @@ class BeamSearch:
         # e. the best unfinished continuations keep running
         open_scores = topk_scores + hits.astype(np.float32) * LARGE_NEGATIVE
         keep = top_k(open_scores, beams)[1]
-        self.running[:, :, :width], self.running_scores = _gather(topk_sequences, keep), _gather(open_scores, keep)
-        self.running_origin[:, :, :steps] = _gather(topk_origin, keep)
+        self.running[:, :, :width], self.running_scores = gather(topk_sequences, keep), gather(open_scores, keep)
+        self.running_origin[:, :, :steps] = gather(topk_origin, keep)
 
         # f. finished candidates among the top num_beams compete with the finished set, length-penalised
         just_finished = hits & self.top_num_beam_mask[None, :]
@@ -393,10 +331,10 @@ class BeamSearch:
         final_scores = final_scores + (~just_finished).astype(np.float32) * LARGE_NEGATIVE
         merged_scores = np.concatenate([self.beam_scores, final_scores], axis=1)
         best = top_k(merged_scores, beams)[1]
-        self.sequences[:, :, :width] = _gather(np.concatenate([self.sequences[:, :, :width], topk_sequences], 1), best)
-        self.beam_scores = _gather(merged_scores, best)
-        self.origin[:, :, :steps] = _gather(np.concatenate([self.origin[:, :, :steps], topk_origin], axis=1), best)
-        self.finished = _gather(np.concatenate([self.finished, just_finished], axis=1), best)
+        self.sequences[:, :, :width] = gather(np.concatenate([self.sequences[:, :, :width], topk_sequences], 1), best)
+        self.beam_scores = gather(merged_scores, best)
+        self.origin[:, :, :steps] = gather(np.concatenate([self.origin[:, :, :steps], topk_origin], axis=1), best)
+        self.finished = gather(np.concatenate([self.finished, just_finished], axis=1), best)
 
         # g. the cache follows the surviving beams
         rows = self.running_origin[sentences, :, cur_lens - 1].reshape(-1)  # (n, beams) -> (rows,)

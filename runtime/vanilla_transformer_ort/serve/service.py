@@ -21,7 +21,7 @@ from ..protected_translation import DEFAULT_RETRY, DEFAULT_STYLE, translate_prot
 from .batching import BatchScheduler, BatchStats, Engine, Overloaded, QueueFull, SessionLost, ShuttingDown
 from .models import ModelSpec, batch_dependent, language_name
 from .settings import ServeSettings
-from .step_scheduling import StepScheduler
+from .step_scheduling import StepScheduler, step_level
 from .text import join, split
 
 logger = logging.getLogger(__name__)
@@ -130,17 +130,6 @@ class Metrics:
         self.tokens.inc(stats.generated_tokens)
         if stats.seconds > 0:
             self.tokens_per_second.set(stats.generated_tokens / stats.seconds)
-
-
-def step_level(folder, settings: ServeSettings) -> bool:
-    """Whether a pair is served with step-level batching: as `step_batching` says, or where it is None (the
-    default), wherever it can be: requests batched together, the CPU provider, and an export folder of format 3
-    whose int8 graphs, if any, quantize each row on its own."""
-    if settings.step_batching is not None:
-        return settings.step_batching
-    return (
-        settings.batching and settings.provider == "cpu" and folder.has_per_row_lengths and not batch_dependent(folder)
-    )
 
 
 def load_translators(spec: ModelSpec, settings: ServeSettings) -> list:

@@ -21,9 +21,22 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from .batching import BatchStats, Engine, Overloaded, QueueFull, ShuttingDown
+from .models import batch_dependent
+from .settings import ServeSettings
 
 # Answers over which the service rate is measured.
 RATE_WINDOW = 64
+
+
+def step_level(folder, settings: ServeSettings) -> bool:
+    """Whether a pair is served with step-level batching: as `step_batching` says, or where it is None (the
+    default), wherever it can be: requests batched together, the CPU provider, and an export folder of format 3
+    whose int8 graphs, if any, quantize each row on its own."""
+    if settings.step_batching is not None:
+        return settings.step_batching
+    return (
+        settings.batching and settings.provider == "cpu" and folder.has_per_row_lengths and not batch_dependent(folder)
+    )
 
 
 class StepScheduler:
