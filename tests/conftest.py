@@ -1,7 +1,9 @@
 """Shared fixtures: tiny models with deliberately unequal sizes, so that a swapped axis fails loudly."""
 
 import math
+import multiprocessing
 import os
+import time
 
 import pytest
 import torch
@@ -55,6 +57,23 @@ def closed_form_pe(length: int, d_model: int) -> torch.Tensor:
             angle = pos / 10000 ** (2 * (j // 2) / d_model)
             pe[pos, j] = math.sin(angle) if j % 2 == 0 else math.cos(angle)
     return pe
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_child_process_outlives_its_module(request):
+    """A test module leaves no multiprocessing child running (a session process left open is killed here and
+    reported): one left behind holds a model in memory for the rest of the run, and a child that ignores SIGTERM
+    could keep the interpreter from exiting."""
+    before = set(multiprocessing.active_children())
+    yield
+    deadline = time.monotonic() + 10
+    while (left := set(multiprocessing.active_children()) - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for process in left:
+        process.kill()
+    if left:
+        names = ", ".join(f"{p.name} (pid {p.pid})" for p in left)
+        pytest.fail(f"{request.module.__name__} left child processes running: {names}")
 
 
 @pytest.fixture

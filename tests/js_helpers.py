@@ -123,13 +123,68 @@ def standard_export_dir() -> Path:
     return export_dirs() / "standard"
 
 
+def exact_int8_copy(folder: Path, output: Path) -> Path:
+    """A copy of the int8 export `folder` whose int8 weights (and their zero points) are stored as uint8, 128 higher:
+    every `MatMulInteger` multiplies the same integers, but through onnxruntime's u8 x u8 kernel, which is exact on
+    every x86 CPU. Its u8 x s8 kernel on CPUs without VNNI (AVX2 only: `vpmaddubsw`) adds two products at a time in
+    16 bits and saturates, while onnxruntime's WebAssembly build, in the browser, computes the products exactly."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    shutil.copytree(folder, output)
+    for path in sorted(output.glob("*.onnx")):
+        model = onnx.load(str(folder / path.name))  # with its external data
+        initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+        shifted: dict[str, str] = {}
+        for node in model.graph.node:
+            if node.op_type != "MatMulInteger":
+                continue
+            for index in (1, 3):  # the weight and its zero point
+                name = node.input[index]
+                if initializers[name].data_type != onnx.TensorProto.INT8:
+                    raise ValueError(f"{path.name}: {node.name} input {index} is not an int8 constant")
+                if name not in shifted:
+                    values = numpy_helper.to_array(initializers[name]).astype(np.int16) + 128
+                    shifted[name] = f"{name}_as_uint8"
+                    model.graph.initializer.append(numpy_helper.from_array(values.astype(np.uint8), shifted[name]))
+                node.input[index] = shifted[name]
+        used = {name for node in model.graph.node for name in node.input}
+        kept = [tensor for tensor in model.graph.initializer if tensor.name in used]
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+        onnx.save(model, str(path))
+    return output
+
+
+def native_int8_is_exact() -> bool:
+    """Whether onnxruntime's u8 x s8 product is exact on this CPU (a product whose pairs overflow 16 bits)."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    a, b = np.full((1, 2), 255, np.uint8), np.full((2, 1), 127, np.int8)
+    node = helper.make_node("MatMulInteger", ["a", "b"], ["c"])
+    graph = helper.make_graph(
+        [node], "probe", [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, 2])],
+        [helper.make_tensor_value_info("c", TensorProto.INT32, [1, 1])], [numpy_helper.from_array(b, "b")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return int(session.run(None, {"a": a})[0][0, 0]) == 2 * 255 * 127
+
+
 @functools.cache
-def reference_translations(dtype: str) -> tuple[str, ...]:
+def reference_translations(dtype: str, exact_int8: bool = False) -> tuple[str, ...]:
     """`SENTENCES` translated by `vanilla_transformer_ort` from our own export of the precision of transformers.js's
-    `dtype` ("fp32" or "q8"), one sentence at a time, greedy, `MAX_NEW_TOKENS`."""
+    `dtype` ("fp32" or "q8"), one sentence at a time, greedy, `MAX_NEW_TOKENS`. `exact_int8`: q8's integer
+    products computed exactly, as the browser computes them (`exact_int8_copy`), whatever this CPU's kernel does."""
     from vanilla_transformer_ort.translator import OrtTranslator
 
-    translator = OrtTranslator(export_dirs() / OWN_EXPORT_OF[dtype])
+    folder = export_dirs() / OWN_EXPORT_OF[dtype]
+    if exact_int8 and dtype == "q8":
+        folder = exact_int8_copy(folder, Path(tempfile.mkdtemp(prefix="vt-exact-int8-")) / folder.name)
+    translator = OrtTranslator(folder)
     return tuple(
         translator.translate([sentence], num_beams=1, max_new_tokens=MAX_NEW_TOKENS)[0] for sentence in SENTENCES
     )

@@ -882,7 +882,9 @@ def test_a_batch_dependent_int8_folder_is_served_with_a_warning(caplog):
     for folder, batching, warns in cases:
         caplog.clear()
         with caplog.at_level("WARNING", logger="vanilla_transformer_ort.serve.service"):
-            load_translators(tiny_spec(folder), ServeSettings(sessions=1, threads=1, batching=batching))
+            sessions = load_translators(tiny_spec(folder), ServeSettings(sessions=1, threads=1, batching=batching))
+        for session in sessions:
+            session.close()
         assert ("--no_batching" in caplog.text) == warns, (folder, batching)
 
 

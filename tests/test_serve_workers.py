@@ -199,6 +199,27 @@ def test_a_step_session_process_answers_what_generate_gives(oracle):
     finally:
         session.close()
     assert not alive(session.pid)
+    with pytest.raises(RuntimeError, match="closed"):  # not a new child: the server is shutting down
+        session.submit(cohorts[0])
+    assert not session._process.is_alive()
+
+
+def test_a_step_session_left_open_does_not_keep_its_server_from_exiting():
+    """The child ignores SIGTERM, which multiprocessing's exit handler sends to daemonic children before joining
+    them: a session the program forgot to close must not make its exit wait forever."""
+    code = (
+        "from vanilla_transformer_ort.serve.workers import StepSessionProcess\n"
+        "if __name__ == '__main__':\n"
+        f"    session = StepSessionProcess({str(trained_export_dir())!r}, 'cpu', 1, 2, {{}})\n"
+        "    print(session.pid, flush=True)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    child = int(result.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(child)
 
 
 def test_a_killed_step_session_fails_what_it_was_translating_and_is_replaced(oracle):

@@ -4,8 +4,8 @@ The oracle is the ecosystem's code: transformers.js (pinned in tests/js/package-
 `pipeline("translation")` with onnxruntime-node on `export_standard_layout`'s folder, and `vanilla_transformer_ort`
 runs `export_model`'s folder of the same model; greedy, the same max_new_tokens, one sentence at a time. fp32 graphs
 are compared with our fp32 export, transformers.js's q8 (`*_quantized.onnx`) with our int8 export that quantizes
-activations per tensor as they do. Fixtures:
-tests/js_helpers.py.
+activations per tensor as they do (onnxruntime-node runs the same native kernels as our runtime; the browser's
+WebAssembly build does not: tests/test_browser_example.py). Fixtures: tests/js_helpers.py.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pytest
 from tests.js_helpers import (
     MAX_NEW_TOKENS,
     SENTENCES,
+    exact_int8_copy,
     installed_transformers_js,
     npm_cache,
     reference_translations,
@@ -47,6 +48,32 @@ def test_reference_translations_are_not_only_copies():
     assert len(references) == len(SENTENCES) >= 8
     assert all(references), references
     assert sum(ref != source for ref, source in zip(references, SENTENCES, strict=True)) >= 3, references
+
+
+def test_the_exact_int8_copy_computes_the_integer_products_exactly(tmp_path):
+    """The browser's reference (`exact_int8_copy`) multiplies the same integers, exactly, on any CPU: uint8 inputs
+    and int8 weights whose pairs of products overflow 16 bits, against numpy's int64 product."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, (5, 64), dtype=np.uint8)
+    b = rng.integers(-127, 128, (64, 7), dtype=np.int8)
+    b[:, 0], a[0] = 127, 255  # one column and one row that saturate a 16-bit sum of two products
+    node = helper.make_node("MatMulInteger", ["a", "b", "", "b_zero"], ["c"])
+    graph = helper.make_graph(
+        [node], "product", [helper.make_tensor_value_info("a", TensorProto.UINT8, [5, 64])],
+        [helper.make_tensor_value_info("c", TensorProto.INT32, [5, 7])],
+        [numpy_helper.from_array(b, "b"), numpy_helper.from_array(np.zeros(7, np.int8), "b_zero")],
+    )  # fmt: skip
+    (tmp_path / "int8").mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9),
+              tmp_path / "int8" / "product.onnx")  # fmt: skip
+    copy = exact_int8_copy(tmp_path / "int8", tmp_path / "exact")
+    session = ort.InferenceSession(str(copy / "product.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {"a": a})[0], a.astype(np.int64) @ b.astype(np.int64))
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "q8"])

@@ -146,15 +146,14 @@ def load_translators(spec: ModelSpec, settings: ServeSettings) -> list:
             spec.folder,
         )
     if step_level(folder, settings):
-        from .workers import StepSession, StepSessionProcess
+        from .workers import start_step_sessions
 
-        step_session = StepSessionProcess if settings.session_workers == "process" else StepSession
         options = {"num_beams": settings.num_beams, "max_new_tokens": settings.max_new_tokens}
         options = {name: value for name, value in options.items() if value is not None}
-        return [
-            step_session(folder, settings.provider, settings.threads_per_session, settings.step_batch_size, options)
-            for _ in range(settings.sessions)
-        ]
+        return start_step_sessions(
+            folder, settings.sessions, settings.provider, settings.threads_per_session, settings.step_batch_size,
+            options, processes=settings.session_workers == "process",
+        )  # fmt: skip
     if settings.session_workers == "process":
         from .workers import start_sessions
 

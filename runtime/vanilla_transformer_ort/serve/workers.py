@@ -15,6 +15,8 @@ and the child answers each request as its sentences finish, while others join it
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import multiprocessing.util
 import os
 import threading
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -196,6 +198,12 @@ def _step_session_main(folder: str, provider: str, threads: int, max_sentences: 
     results.put(("closed", None, None, None))
 
 
+def _kill(process) -> None:
+    if process.is_alive():
+        process.kill()
+        process.join(timeout=10)
+
+
 class StepSessionProcess:
     """A `StepSession` in a child process of its own (spawned), as `SessionProcess` is for request-level batches:
     no step's Python waits for the event loop's on one interpreter lock. A child that dies fails what it was
@@ -203,8 +211,6 @@ class StepSessionProcess:
 
     def __init__(self, folder, provider: str, intra_op_num_threads: int, max_sentences: int, overrides: dict,
                  start_timeout: float = 300.0):  # fmt: skip
-        import multiprocessing
-
         self.export_folder = ExportFolder.of(folder)
         self.folder = self.export_folder.path
         self.tokenizer, self.settings = self.export_folder.tokenizer, self.export_folder.settings
@@ -216,6 +222,7 @@ class StepSessionProcess:
         self._futures: dict[int, Future] = {}
         self._next_job = 0
         self._stats: list = []
+        self._closed = False
         self._start()
 
     def _start(self) -> None:
@@ -224,6 +231,10 @@ class StepSessionProcess:
             target=_step_session_main, args=(*self._arguments, self._jobs, self._results, os.getpid()), daemon=True
         )
         self._process.start()
+        # The child ignores SIGTERM (`shield`), so multiprocessing's exit handler, which terminates daemonic
+        # children and then joins them, would wait forever for one left open: end it with SIGKILL first, as it
+        # would end once this process is gone. The same when this object is collected without `close`.
+        multiprocessing.util.Finalize(self, _kill, args=(self._process,), exitpriority=10)
         try:
             _, pid, error, _ = self._results.get(timeout=self._start_timeout)
         except Exception:
@@ -264,6 +275,8 @@ class StepSessionProcess:
     def submit(self, sources: list[list[int]], first: bool = False) -> Future:
         future: Future = Future()
         with self._lock:
+            if self._closed:
+                raise RuntimeError("the step session process was closed")
             if not self._process.is_alive():
                 logger.error("The step session process of %s ended; starting a new one", self.folder)
                 self._start()
@@ -284,7 +297,9 @@ class StepSessionProcess:
         return total
 
     def close(self) -> None:
-        """End the child once everything submitted is answered."""
+        """End the child once everything submitted is answered; later submissions raise RuntimeError."""
+        with self._lock:
+            self._closed = True
         if self._process.is_alive():
             self._jobs.put(None)
             self._reader.join()
@@ -294,3 +309,19 @@ class StepSessionProcess:
 
     def __reduce__(self):
         raise TypeError("a StepSessionProcess belongs to the process that started it and cannot be pickled")
+
+
+def start_step_sessions(folder, count: int, provider: str, intra_op_num_threads: int, max_sentences: int,
+                        overrides: dict, processes: bool = True) -> list:  # fmt: skip
+    """`count` step sessions of `folder`: `StepSessionProcess`es, or `StepSession`s in this process where
+    `processes` is False; none is left running if one cannot start."""
+    kind = StepSessionProcess if processes else StepSession
+    sessions = []
+    try:
+        for _ in range(count):
+            sessions.append(kind(folder, provider, intra_op_num_threads, max_sentences, overrides))
+    except BaseException:
+        for session in sessions:
+            session.close()
+        raise
+    return sessions
