@@ -36,6 +36,10 @@ def _generate(input_ids: np.ndarray, attention_mask: np.ndarray | None, override
     return worker_translator().generate(input_ids, attention_mask, **overrides)
 
 
+def _shut_down(pool: ProcessPoolExecutor) -> None:
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 class SessionProcess:
     """An `OrtTranslator` of `folder` in a child process (spawned: a fresh interpreter on every platform).
 
@@ -75,6 +79,9 @@ class SessionProcess:
 
     def _start(self) -> None:
         self._pool = start_translator_pool(self.export_folder, 1, self._provider, self._threads, shielded=True)
+        # A pool left open is shut down while the interpreter can still do it: collected at its teardown instead,
+        # concurrent.futures prints an AttributeError of its own.
+        multiprocessing.util.Finalize(self, _shut_down, args=(self._pool,), exitpriority=10)
         self._loading = self._pool.submit(worker_pid)
 
     def wait_loaded(self) -> None:
