@@ -59,6 +59,13 @@ def closed_form_pe(length: int, d_model: int) -> torch.Tensor:
     return pe
 
 
+def pytest_unconfigure(config):
+    """The run is over: from now on the interpreter must exit (tests/exit_watchdog.py)."""
+    from tests import exit_watchdog
+
+    exit_watchdog.start()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def no_child_process_outlives_its_module(request):
     """A test module leaves no multiprocessing child running (a session process left open is killed here and
