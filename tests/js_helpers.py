@@ -56,6 +56,7 @@ MAX_NEW_TOKENS = 10
 # `_quantized` graphs (the default one scale per row is another quantization: where the copy model's logits are
 # close, the two may pick different tokens).
 OWN_EXPORT_OF = {"fp32": "own-fp32", "q8": "own-int8-tensor"}
+EXACT_Q8 = "own-int8-tensor-exact"  # the q8 one with exact integer products, as the browser computes them
 EXPORT_LIBRARIES = ("torch", "transformers", "tokenizers", "onnx", "onnxscript", "onnxruntime", "numpy")
 CACHE_NAME = "transformers-js-exports"
 STALE_AFTER_S = 24 * 3600
@@ -92,6 +93,7 @@ def _export_all(folder: Path) -> None:
     export_standard_layout(model_dir, folder / "standard", quantize="int8")
     export_model(model_dir, folder / OWN_EXPORT_OF["fp32"])
     export_model(model_dir, folder / OWN_EXPORT_OF["q8"], quantize="int8", int8_activations="tensor")
+    exact_int8_copy(folder / OWN_EXPORT_OF["q8"], folder / EXACT_Q8)
 
 
 @functools.cache
@@ -157,21 +159,30 @@ def exact_int8_copy(folder: Path, output: Path) -> Path:
     return output
 
 
+def matmul_integer_model(rows: int, b):
+    """A graph of one `MatMulInteger`: uint8 input `a` of `rows` rows times the int8 constant `b` (zero point 0),
+    int32 output `c`."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    depth, columns = b.shape
+    node = helper.make_node("MatMulInteger", ["a", "b", "", "b_zero"], ["c"])
+    graph = helper.make_graph(
+        [node], "product", [helper.make_tensor_value_info("a", TensorProto.UINT8, [rows, depth])],
+        [helper.make_tensor_value_info("c", TensorProto.INT32, [rows, columns])],
+        [numpy_helper.from_array(b, "b"), numpy_helper.from_array(np.zeros(columns, np.int8), "b_zero")],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
 def native_int8_is_exact() -> bool:
     """Whether onnxruntime's u8 x s8 product is exact on this CPU (a product whose pairs overflow 16 bits)."""
     import numpy as np
     import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
 
-    a, b = np.full((1, 2), 255, np.uint8), np.full((2, 1), 127, np.int8)
-    node = helper.make_node("MatMulInteger", ["a", "b"], ["c"])
-    graph = helper.make_graph(
-        [node], "probe", [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, 2])],
-        [helper.make_tensor_value_info("c", TensorProto.INT32, [1, 1])], [numpy_helper.from_array(b, "b")],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    model = matmul_integer_model(1, np.full((2, 1), 127, np.int8))
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return int(session.run(None, {"a": a})[0][0, 0]) == 2 * 255 * 127
+    return int(session.run(None, {"a": np.full((1, 2), 255, np.uint8)})[0][0, 0]) == 2 * 255 * 127
 
 
 @functools.cache
@@ -181,10 +192,7 @@ def reference_translations(dtype: str, exact_int8: bool = False) -> tuple[str, .
     products computed exactly, as the browser computes them (`exact_int8_copy`), whatever this CPU's kernel does."""
     from vanilla_transformer_ort.translator import OrtTranslator
 
-    folder = export_dirs() / OWN_EXPORT_OF[dtype]
-    if exact_int8 and dtype == "q8":
-        folder = exact_int8_copy(folder, Path(tempfile.mkdtemp(prefix="vt-exact-int8-")) / folder.name)
-    translator = OrtTranslator(folder)
+    translator = OrtTranslator(export_dirs() / (EXACT_Q8 if exact_int8 and dtype == "q8" else OWN_EXPORT_OF[dtype]))
     return tuple(
         translator.translate([sentence], num_beams=1, max_new_tokens=MAX_NEW_TOKENS)[0] for sentence in SENTENCES
     )

@@ -21,6 +21,7 @@ from tests.js_helpers import (
     SENTENCES,
     exact_int8_copy,
     installed_transformers_js,
+    matmul_integer_model,
     npm_cache,
     reference_translations,
     standard_export_dir,
@@ -56,21 +57,13 @@ def test_the_exact_int8_copy_computes_the_integer_products_exactly(tmp_path):
     import numpy as np
     import onnx
     import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
     a = rng.integers(0, 256, (5, 64), dtype=np.uint8)
     b = rng.integers(-127, 128, (64, 7), dtype=np.int8)
     b[:, 0], a[0] = 127, 255  # one column and one row that saturate a 16-bit sum of two products
-    node = helper.make_node("MatMulInteger", ["a", "b", "", "b_zero"], ["c"])
-    graph = helper.make_graph(
-        [node], "product", [helper.make_tensor_value_info("a", TensorProto.UINT8, [5, 64])],
-        [helper.make_tensor_value_info("c", TensorProto.INT32, [5, 7])],
-        [numpy_helper.from_array(b, "b"), numpy_helper.from_array(np.zeros(7, np.int8), "b_zero")],
-    )  # fmt: skip
     (tmp_path / "int8").mkdir()
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9),
-              tmp_path / "int8" / "product.onnx")  # fmt: skip
+    onnx.save(matmul_integer_model(5, b), tmp_path / "int8" / "product.onnx")
     copy = exact_int8_copy(tmp_path / "int8", tmp_path / "exact")
     session = ort.InferenceSession(str(copy / "product.onnx"), providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(session.run(None, {"a": a})[0], a.astype(np.int64) @ b.astype(np.int64))

@@ -15,7 +15,6 @@ and the child answers each request as its sentences finish, while others join it
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import multiprocessing.util
 import os
 import threading
