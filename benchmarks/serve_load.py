@@ -18,7 +18,8 @@ Results go to `benchmarks/results/serve_load.json` (`--output`), one file a mach
 settings (model, flags, levels), and a run with the same settings replaces the one before. Not a timed test.
 
 `--open_loop F ...` adds open-loop rows to each batching server: requests arrive as a Poisson stream at F times the
-capacity measured at the largest `--clients` level (each request its own task, not waiting for any other), for
+capacity measured at the largest `--clients` level, or `--capacity` requests/s (the same offered rates for every
+server of an A/B), each request its own task, not waiting for any other, for
 `--seconds` each, with `--paragraphs P` of them paragraphs (5 to 8 sentences joined) among the UI strings. Reported
 per row: offered and achieved requests/s, p50/p99/max latency of the answered requests (and of the one-line ones
 alone), refused requests (429/503) and how fast they were refused, and errors.
@@ -251,7 +252,7 @@ def run_mode(args, name: str, extra: list[str], texts: list[str], port: int) -> 
                 flush=True,
             )
         if name != "batching off" and args.open_loop:
-            capacity = rows[-1]["sentences_per_s"]  # the largest --clients level
+            capacity = args.capacity or rows[-1]["sentences_per_s"]  # else the largest --clients level
             for fraction in args.open_loop:
                 before, generator_before = cpu_seconds(process.pid), time.process_time()
                 row = asyncio.run(
@@ -286,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="export folder (or SRC-TGT=FOLDER) to serve")
     parser.add_argument("--texts", type=Path, default=DEFAULT_TEXTS, help="TSV with a header; column 1 is sent")
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--clients", type=int, nargs="*", default=[1, 8, 32, 128])
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per level")
     parser.add_argument("--warmup", type=float, default=5.0, help="warm-up seconds per server")
     parser.add_argument("--num_beams", type=int, default=4)
@@ -298,6 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--open_loop", type=float, nargs="*", default=[], help="Poisson arrivals at these fractions of capacity"
     )
+    parser.add_argument("--capacity", type=float, help="requests/s the --open_loop fractions are of (else measured)")
     parser.add_argument(
         "--paragraphs", type=float, default=0.0, help="share of open-loop requests that are paragraphs"
     )
@@ -309,6 +311,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=5077)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if args.open_loop and not (args.clients or args.capacity):
+        parser.error("--open_loop needs a --clients level to measure capacity at, or --capacity")
     texts = read_tsv(args.texts)[0]
     common_flags = ["--num_beams", str(args.num_beams), *args.server_args.split()]
     rows = []
@@ -327,13 +331,14 @@ def main(argv: list[str] | None = None) -> None:
             )
     settings = {
         "model": args.model, "num_beams": args.num_beams, "server_args": args.server_args, "modes": args.modes,
-        "clients": args.clients, "open_loop": args.open_loop, "paragraphs": args.paragraphs, "seconds": args.seconds,
+        "clients": args.clients, "open_loop": args.open_loop, "capacity": args.capacity, "paragraphs": args.paragraphs,
+        "seconds": args.seconds,
     }  # fmt: skip
     save_run(args.output, {**settings, "date": time.strftime("%Y-%m-%d"), "rows": rows})
     print(f"\nWrote {args.output}")
 
 
-SETTINGS = ("model", "num_beams", "server_args", "modes", "clients", "open_loop", "paragraphs", "seconds")
+SETTINGS = ("model", "num_beams", "server_args", "modes", "clients", "open_loop", "capacity", "paragraphs", "seconds")
 
 
 def save_run(path: Path, run: dict) -> None:
