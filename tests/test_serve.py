@@ -18,7 +18,7 @@ import pytest
 
 from tests import serve_helpers
 from tests.onnx_helpers import SENTENCES, trained_export_dir, trained_int8_export_dir
-from tests.serve_helpers import live_server, make_service, serve_process, tiny_spec, wait_ready
+from tests.serve_helpers import free_port, live_server, make_service, serve_process, tiny_spec, wait_ready
 from vanilla_transformer_ort import OrtTranslator
 from vanilla_transformer_ort.placeholders import ENTITY, MARKUP
 from vanilla_transformer_ort.serve.app import create_app
@@ -464,6 +464,35 @@ def test_admission_control_refuses_the_excess_at_once_and_finishes_what_it_accep
     assert refused_after < 0.1  # answered at once, not after a wait
     assert _metric(metrics, 'vt_rejected_requests_total{reason="overloaded"}') == 1
     assert _metric(metrics, "vt_expected_wait_seconds") >= 0
+
+
+def test_the_started_server_freezes_what_it_loaded_out_of_the_collector():
+    """`vt-serve`'s server, once started (the models loaded), moves what it holds out of the garbage collector's
+    generations: a full collection under load then walks only the requests' own objects, not the whole process."""
+    import gc
+
+    import uvicorn
+
+    from vanilla_transformer_ort.serve.cli import draining_server
+
+    service = make_service()
+    config = uvicorn.Config(create_app(service), host="127.0.0.1", port=free_port(), log_config=None)
+    server = draining_server(config, service)
+
+    async def serve() -> int:
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        frozen = gc.get_freeze_count()
+        server.should_exit = True
+        await task
+        return frozen
+
+    gc.unfreeze()
+    try:
+        assert service.ready is False and asyncio.run(serve()) > 0
+    finally:
+        gc.unfreeze()
 
 
 def test_step_level_admission_refuses_what_would_wait_too_long_for_a_place():
