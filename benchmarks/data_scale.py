@@ -1,21 +1,10 @@
-"""Training data at the paper's scale: time to the first training step and peak anonymous memory, for synthetic
-corpora of WMT14's sizes, against the plain recipe a transformers user writes.
+"""Training data at the paper's scale: time to the first training step (a first run preparing the corpus, a cached
+run) and peak anonymous memory (summed `Pss_Anon` of the process tree), on synthetic corpora of WMT14's sizes built
+from the shared gettext pairs, for `vt-train` on 1 and 2 ranks and for the plain `load_dataset` + `map` +
+`group_by_length` recipe; and tokenization pairs/s on one core. What each figure means and the recorded runs:
+docs/benchmarks.md#training-data-at-the-papers-scale.
 
     python -m benchmarks.data_scale --pairs 40000 4500000 --ranks 1 2 --recipes ours plain
-
-Each corpus is built from the shared gettext en-de pairs (../shared/data), three pairs joined per line (about 25
-words a side; 4.5 M pairs make 1.18 GB of TSV), with a BPE tokenizer of 8,000 tokens trained on the gettext pairs.
-For each size:
-- `ours`: `vt-train --train_file ... --max_steps 3` (under `accelerate launch` for 2 ranks) twice: the first run
-  prepares the corpus into a fresh folder, the second reuses it;
-- `plain`: `load_dataset("csv")`, a batched `map` of the tokenizer (2 processes) and `Seq2SeqTrainer` with
-  `group_by_length` and 64 pairs a batch, as transformers' translation example does;
-- tokenization pairs/s on one core (the tokenizer's Rust backend on one thread, the first 200,000 pairs).
-
-Time to the first step is the wall time until the Trainer logs its first loss (`--logging_steps 1`). Memory is the
-peak over the run of the summed `Pss_Anon` of the process tree (`/proc/PID/smaps_rollup`, sampled every 0.2 s):
-pages of memory-mapped Arrow files are shared and file-backed and do not count; per rank, the largest single
-process of the tree.
 """
 
 from __future__ import annotations
@@ -215,7 +204,7 @@ def tokenization_rate(corpus: Path, tokenizer: Path, pairs: int = 200_000) -> fl
     code = (
         "import itertools, time, sys\n"
         "from transformers import AutoTokenizer\n"
-        "from vanilla_transformer.training.data import iter_parallel_file\n"
+        "from vanilla_transformer.training.pair_reader import iter_parallel_file\n"
         "from vanilla_transformer.training.pair_encoding import PairEncoder\n"
         f"pairs = list(itertools.islice(iter_parallel_file({str(corpus)!r}, 'en', 'de'), {pairs}))\n"
         f"encoder = PairEncoder(AutoTokenizer.from_pretrained({str(tokenizer)!r}))\n"
@@ -241,17 +230,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--recipes", nargs="+", default=["ours", "plain"], choices=["ours", "plain"])
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument(
-        "--prepare_once",
-        action="store_true",
-        help="Measure the first (preparing) run only for the first --ranks value; the others reuse its folder.",
-    )
-    parser.add_argument(
-        "--throughput_steps",
-        type=int,
-        default=0,
-        help="Also train this many steps on each corpus and on the gettext pairs, and compare tokens/s.",
-    )
+    parser.add_argument("--prepare_once", action="store_true", help="later --ranks reuse the first's folder")
+    parser.add_argument("--throughput_steps", type=int, default=0, help="also tokens/s over this many training steps")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR / "data_scale")
     parser.add_argument("--name", default="data_scale", help="Results file: benchmarks/results/NAME.json.")
     args = parser.parse_args(argv)
@@ -260,7 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
     results, rows = {}, []
     for pairs in args.pairs:
         corpus = synthetic_corpus(args.workdir / f"corpus-{pairs}.tsv", pairs)
-        entry = {"tsv_gb": round(corpus.stat().st_size / 1e9, 2), "tokenize_pairs_per_s_per_core": None}
+        entry = {"tsv_gb": round(corpus.stat().st_size / 1e9, 2)}
         entry["tokenize_pairs_per_s_per_core"] = tokenization_rate(corpus, tokenizer)
         if "ours" in args.recipes:
             for ranks in args.ranks:
@@ -286,14 +266,8 @@ def main(argv: list[str] | None = None) -> dict:
     headers = ["pairs", "recipe", "first run: to step 1", "peak anon", "per process", "cached: to step 1",
                "peak anon", "per process"]  # fmt: skip
     print(format_table(headers, rows))
-    return save_results(
-        args.name,
-        "data_scale",
-        argv,
-        machine=machine_info(),
-        settings={key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
-        results=results,
-    )
+    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+    return save_results(args.name, "data_scale", argv, machine=machine_info(), settings=settings, results=results)
 
 
 def _cells(run: dict[str, dict]) -> list[str]:

@@ -24,8 +24,8 @@ from huggingface_hub.errors import StrictDataclassFieldValidationError
 from tests.onnx_helpers import load_trained_model, trained_export_dir, trained_model_dir
 from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
 from vanilla_transformer import VanillaTransformerConfig
-from vanilla_transformer.training.data import read_parallel_file
 from vanilla_transformer.training.experiment import parse_config_overrides
+from vanilla_transformer.training.pair_reader import read_parallel_file
 from vanilla_transformer.training.recipe import check_precision_flags
 from vanilla_transformer.training.trainer import resolve_resume_checkpoint
 from vanilla_transformer_ort import OrtTranslator

@@ -167,7 +167,7 @@ def test_every_script_has_bad_input_rows():
 
 def test_flags_a_command_lacks_are_never_named():
     """A data-file error of one command does not name another command's flags (--train_file, --validation_file)."""
-    from vanilla_transformer.training.data import read_parallel_file
+    from vanilla_transformer.training.pair_reader import read_parallel_file
 
     with pytest.raises(FileNotFoundError) as error:
         read_parallel_file("no/such.tsv", "en", "de")

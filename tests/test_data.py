@@ -12,11 +12,11 @@ from vanilla_transformer.training.data import (
     DataArguments,
     load_parallel_data,
     normalize_translation_dataset,
-    read_parallel_file,
     tokenize_parallel,
     write_tsv,
 )
 from vanilla_transformer.training.gettext_corpus import clean_pairs, gettext_corpus, read_mo_catalog, split_of
+from vanilla_transformer.training.pair_reader import read_parallel_file
 
 PAIRS = [("the red house.", "das rote Haus."), ('say "hi"', 'sag "hallo"'), ("a, b", "a, b und c")]
 

@@ -20,8 +20,9 @@ from transformers import AutoTokenizer
 from tests.training_fixtures import *  # noqa: F403 (pytest fixtures)
 from tests.training_fixtures import TINY_OVERRIDES_ARG, make_pairs
 from vanilla_transformer.training import prepared as prepared_module
-from vanilla_transformer.training.data import DataArguments, iter_parallel_file
+from vanilla_transformer.training.data import DataArguments
 from vanilla_transformer.training.pair_encoding import PairEncoder
+from vanilla_transformer.training.pair_reader import iter_parallel_file
 from vanilla_transformer.training.prepared import MANIFEST_FILE, PreparedCorpus, load_corpus, prepare_corpus
 from vanilla_transformer.training.token_batches import TokenBudgetBatchSampler, length_columns, pack_token_batches
 

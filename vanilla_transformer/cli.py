@@ -111,7 +111,8 @@ def train_tokenizer_command(argv: list[str] | None = None) -> Path:
     )
     args = parser.parse_args(argv)
 
-    from .training.data import DataArguments, iter_parallel_file, load_parallel_data
+    from .training.data import DataArguments, load_parallel_data
+    from .training.pair_reader import iter_parallel_file
     from .training.tokenization import train_bpe_tokenizer
 
     pairs = [0]
@@ -211,7 +212,7 @@ def evaluate_command(argv: list[str] | None = None) -> dict[str, Any]:
     check_model_folder(args.model, must_exist=True)  # before the test file: the cheaper mistake first
 
     from .inference import evaluate_translations, load_translation_model
-    from .training.data import read_parallel_file
+    from .training.pair_reader import read_parallel_file
 
     test = read_parallel_file(args.test_file, args.source_lang, args.target_lang)
     if args.max_samples:
@@ -253,7 +254,7 @@ def translate_command(argv: list[str] | None = None) -> list[str]:
     check_model_folder(args.model, must_exist=True)
 
     from .inference import load_translation_model, translate
-    from .training.data import read_text_file
+    from .training.pair_reader import read_text_file
 
     if args.threads is not None:
         import torch

@@ -11,16 +11,8 @@ from pathlib import Path
 
 from datasets import Dataset, Features, Value, concatenate_datasets
 
-from .data import (
-    DataArguments,
-    iter_parallel_file,
-    load_parallel_data,
-    moses_files,
-    normalize_translation_dataset,
-    open_binary,
-    open_pair_file,
-    pair_file_format,
-)
+from .data import DataArguments, load_parallel_data, normalize_translation_dataset
+from .pair_reader import iter_parallel_file, moses_files, open_binary, open_pair_file, pair_file_format
 
 
 def read_raw_splits(args: DataArguments, cache_dir: Path) -> dict[str, Dataset]:

@@ -34,13 +34,10 @@ from typing import Any
 from datasets import Dataset, concatenate_datasets
 from transformers.utils import logging
 
-from .data import (
-    DataArguments,
-    load_parallel_data,
-    pair_file_paths,
-)
+from .data import DataArguments, load_parallel_data
 from .pair_encoding import tokenize_split
 from .pair_files import read_raw_splits
+from .pair_reader import pair_file_paths
 
 logger = logging.get_logger(__name__)
 
