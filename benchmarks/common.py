@@ -96,11 +96,6 @@ def summarize(times: list[float]) -> dict[str, float]:
             "cv": stdev / mean if mean > 0 else 0.0, "spread": (high - low) / low if low > 0 else 0.0}  # fmt: skip
 
 
-def speedup(reference_seconds: float, seconds: float) -> float:
-    """How many times faster than the reference (>1 = faster): reference time / time."""
-    return reference_seconds / seconds
-
-
 def run_interleaved(
     systems: dict[str, Callable[[], object]], rounds: int, warmup: int = 1, log: Callable[[str], None] | None = None
 ) -> dict[str, list[float]]:
@@ -214,18 +209,21 @@ def run_child(command: list[str], timeout: float = 1800) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def source_token_flops(dims: Dims, src_len: int) -> int:
+    """Matmul FLOPs (2 per multiply-add) of one source token: its encoder layers and its cross-attention K/V."""
+    d, linear = dims.d_model, 2 * dims.d_model**2  # one (d_model x d_model) projection, per token
+    encoder = dims.encoder_layers * (4 * linear + 2 * 2 * d * dims.d_ff + 2 * 2 * src_len * d)
+    return encoder + dims.decoder_layers * 2 * linear
+
+
 def forward_matmul_flops(dims: Dims, batch: int, src_len: int, tgt_len: int) -> int:
     """Multiply-add FLOPs (2 per MAC) of one forward pass with teacher forcing: every matmul (projections, FFNs, the
     full square of attention scores and weighted sums, cross-attention K/V over the source, the output projection);
     element-wise work (softmax, LayerNorm, residuals) is left out."""
-    d, ff = dims.d_model, dims.d_ff
-    linear = 2 * d * d  # one (d_model x d_model) projection, per token
-    encoder_token = dims.encoder_layers * (4 * linear + 2 * 2 * d * ff + 2 * 2 * src_len * d)
-    cross_kv_source_token = dims.decoder_layers * 2 * linear
+    d, linear = dims.d_model, 2 * dims.d_model**2
     # self-attention q, k, v, out and cross-attention q, out; FFN; self- and cross-attention scores and weighted sums
-    decoder_token = dims.decoder_layers * (6 * linear + 2 * 2 * d * ff + 2 * 2 * (tgt_len + src_len) * d)
-    output_projection = 2 * d * dims.vocab_size
-    return batch * (src_len * (encoder_token + cross_kv_source_token) + tgt_len * (decoder_token + output_projection))
+    decoder_token = dims.decoder_layers * (6 * linear + 2 * 2 * d * dims.d_ff + 2 * 2 * (tgt_len + src_len) * d)
+    return batch * (src_len * source_token_flops(dims, src_len) + tgt_len * (decoder_token + 2 * d * dims.vocab_size))
 
 
 def training_step_flops(dims: Dims, batch: int, src_len: int, tgt_len: int) -> int:
@@ -237,15 +235,11 @@ def generation_matmul_flops(dims: Dims, batch: int, num_beams: int, src_len: int
     """Multiply-add FLOPs of a cached generation of exactly `new_tokens` steps, the least matmul work any search does:
     the encoder and cross-attention K/V once per source, then per step `batch * num_beams` rows of one token through
     the decoder and the whole output projection (beam search ranks every log-probability)."""
-    d, ff = dims.d_model, dims.d_ff
-    linear = 2 * d * d
-    encoder_token = dims.encoder_layers * (4 * linear + 2 * 2 * d * ff + 2 * 2 * src_len * d)
-    cross_kv_source_token = dims.decoder_layers * 2 * linear
-    step_row = dims.decoder_layers * (6 * linear + 2 * 2 * d * ff + 2 * 2 * src_len * d) + 2 * d * dims.vocab_size
+    d, linear = dims.d_model, 2 * dims.d_model**2
+    step_row = dims.decoder_layers * (6 * linear + 4 * d * dims.d_ff + 4 * src_len * d) + 2 * d * dims.vocab_size
     attended = sum(range(1, new_tokens + 1))  # step t attends over t positions (t - 1 cached, 1 new)
     self_attention = dims.decoder_layers * 2 * 2 * d * attended
-    rows = batch * num_beams
-    return batch * src_len * (encoder_token + cross_kv_source_token) + rows * (new_tokens * step_row + self_attention)
+    return batch * (src_len * source_token_flops(dims, src_len) + num_beams * (new_tokens * step_row + self_attention))
 
 
 def config_dims(dims: Dims) -> dict[str, int]:

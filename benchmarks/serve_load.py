@@ -1,31 +1,14 @@
-"""Load benchmark of `vt-serve`: closed-loop clients against a live server, with and without cross-request batching,
-and open-loop (Poisson) arrivals.
+"""Load benchmark of `vt-serve`: closed-loop clients against a live server for each server mode, and open-loop
+(Poisson) arrivals; what each row measures and the recorded runs: docs/serving.md#load-benchmark.
 
-    vt-export-onnx --model outputs/main_job/model --output outputs/main_job/onnx-int8 --quantize int8
     python -m benchmarks.serve_load --model outputs/main_job/onnx-int8 --num_beams 4
-    python -m benchmarks.serve_load --model onnx/base-int8 --clients 1 8 32 128 --seconds 20
+    python -m benchmarks.serve_load --model en-de=onnx/base --clients 32 --open_loop 0.5 0.8 1.5 --paragraphs 0.1
 
-For each server mode of `--modes` (request-level batching, `--no_step_batching`; step-level, `--step_batching`;
-off, `--no_batching`) a
-fresh `vt-serve` subprocess serves the folder on a loopback port. At each concurrency level N, N asyncio clients
-(httpx) each send one UI string a request, waiting for the answer before sending the next, for `--seconds` after a
-short warm-up; strings are the English side of `--texts` (the held-out gettext test split by default), cycled from a
-fixed seed. "1 client" is one request at a time, whose p50 is the single-request latency the goals refer to.
-Reported: sentences/s, p50 and p99 latency, failed requests, the server's CPU use (process CPU seconds per wall
-second, all its threads) and the load generator's (each client holds its own connection, as separate users do: one
-shared connection pool cost the generator most of a core at 128 clients, and that row then measured the generator).
-Results go to `benchmarks/results/serve_load.json` (`--output`), one file a machine: each run is kept under its
-settings (model, flags, levels), and a run with the same settings replaces the one before. Not a timed test.
-
-`--open_loop F ...` adds open-loop rows to each batching server: requests arrive as a Poisson stream at F times the
-capacity measured at the largest `--clients` level, or `--capacity` requests/s (the same offered rates for every
-server of an A/B), each request its own task, not waiting for any other, for
-`--seconds` each, with `--paragraphs P` of them paragraphs (5 to 8 sentences joined) among the UI strings. Reported
-per row: offered and achieved requests/s, p50/p99/max latency of the answered requests (and of the one-line ones
-alone), refused requests (429/503) and how fast they were refused, and errors.
-
-Goals (2 cores, the main job's int8 export, beam 4): at 32 clients, sentences/s >= 4x batching off, and p99 latency
-<= 3x the single-request latency; no failed request at 128 clients.
+Each mode of `--modes` gets a fresh `vt-serve` subprocess on a loopback port. Closed loop: N clients, a connection
+each, send one UI string and wait for the answer, for `--seconds` after a warm-up. `--open_loop F ...`: requests
+arrive at F times the capacity measured at the largest `--clients` level (or `--capacity`), each on its own
+connection, answered or not. Rows go to `results/serve_load.json` (`--output`, one file a machine), a run with the
+same settings replacing the one before.
 """
 
 from __future__ import annotations
@@ -228,6 +211,16 @@ async def open_loop(url: str, pair: tuple[str, str], texts: list[str], rate: flo
     }
 
 
+def measured(process: subprocess.Popen, row) -> dict:
+    """Run the coroutine `row` (one row of the table) and add the CPU cores the server and the load generator used."""
+    before, generator_before = cpu_seconds(process.pid), time.process_time()
+    started = time.perf_counter()
+    result = asyncio.run(row)
+    wall = time.perf_counter() - started
+    return result | {"cpu_cores": (cpu_seconds(process.pid) - before) / wall,
+                     "generator_cpu_cores": (time.process_time() - generator_before) / wall}  # fmt: skip
+
+
 def run_mode(args, name: str, extra: list[str], texts: list[str], port: int) -> list[dict]:
     url = f"http://127.0.0.1:{port}"
     process = start_server(args.model, port, extra)
@@ -239,38 +232,25 @@ def run_mode(args, name: str, extra: list[str], texts: list[str], port: int) -> 
         asyncio.run(drive(url, pair, texts, 4, args.warmup, seed=0))  # warm-up: every session, allocator, cache
         rows = []
         for clients in args.clients:
-            before, generator_before = cpu_seconds(process.pid), time.process_time()
-            row = asyncio.run(drive(url, pair, texts, clients, args.seconds, seed=clients))
-            row["cpu_cores"] = (cpu_seconds(process.pid) - before) / row["seconds"]
-            row["generator_cpu_cores"] = (time.process_time() - generator_before) / row["seconds"]
-            row["mode"] = name
+            row = measured(process, drive(url, pair, texts, clients, args.seconds, seed=clients)) | {"mode": name}
             rows.append(row)
-            print(
-                f"{name:13s} {clients:4d} clients: {row['sentences_per_s']:7.1f} sentences/s, "
-                f"p50 {row['p50_ms']:7.1f} ms, p99 {row['p99_ms']:7.1f} ms, failed {row['failed']}, "
-                f"CPU {row['cpu_cores']:.2f} cores (load generator {row['generator_cpu_cores']:.2f})",
-                flush=True,
-            )
+            single = rows[0]["p50_ms"] if rows[0]["clients"] == 1 else float("nan")
+            print(f"{name:13s} {clients:4d} clients: {row['sentences_per_s']:7.1f} sentences/s, p50 "
+                  f"{row['p50_ms']:7.1f} ms, p99 {row['p99_ms']:7.1f} ms ({row['p99_ms'] / single:.2f}x one at a "
+                  f"time), failed {row['failed']}, CPU {row['cpu_cores']:.2f} cores (load generator "
+                  f"{row['generator_cpu_cores']:.2f})", flush=True)  # fmt: skip
         if name != "batching off" and args.open_loop:
             capacity = args.capacity or rows[-1]["sentences_per_s"]  # else the largest --clients level
             for fraction in args.open_loop:
-                before, generator_before = cpu_seconds(process.pid), time.process_time()
-                row = asyncio.run(
-                    open_loop(url, pair, texts, fraction * capacity, args.seconds, args.paragraphs, seed=1)
-                )
-                row["cpu_cores"] = (cpu_seconds(process.pid) - before) / args.seconds
-                row["generator_cpu_cores"] = (time.process_time() - generator_before) / args.seconds
-                row.update(mode=f"open loop, {name}", fraction=fraction, paragraphs=args.paragraphs)
-                rows.append(row)
-                print(
-                    f"{name}, open loop {fraction:4.0%} of {capacity:.0f}/s: offered {row['offered_per_s']:.1f}/s, "
-                    f"achieved {row['achieved_per_s']:.1f}/s, p50 {row['p50_ms'] or 0:.0f} ms, "
-                    f"p99 {row['p99_ms'] or 0:.0f} ms, "
-                    f"max {row['max_ms'] or 0:.0f} ms, one-line p99 {row['lines_p99_ms'] or 0:.0f} ms, refused "
-                    f"{row['refused']} (p99 {row['refused_p99_ms'] or 0:.0f} ms), errors {row['errors']}, CPU "
-                    f"{row['cpu_cores']:.2f} cores (load generator {row['generator_cpu_cores']:.2f})",
-                    flush=True,
-                )
+                rate = fraction * capacity
+                row = measured(process, open_loop(url, pair, texts, rate, args.seconds, args.paragraphs, seed=1))
+                rows.append(row | {"mode": f"open loop, {name}", "fraction": fraction, "paragraphs": args.paragraphs})
+                ms = {key: f"{row[key] or 0:.0f} ms" for key in row if key.endswith("_ms")}
+                print(f"{name}, open loop {fraction:4.0%} of {capacity:.0f}/s: offered {row['offered_per_s']:.1f}/s, "
+                      f"achieved {row['achieved_per_s']:.1f}/s, p50 {ms['p50_ms']}, p99 {ms['p99_ms']}, max "
+                      f"{ms['max_ms']}, one-line p99 {ms['lines_p99_ms']}, refused {row['refused']} (p99 "
+                      f"{ms['refused_p99_ms']}), errors {row['errors']}, CPU {row['cpu_cores']:.2f} cores (load "
+                      f"generator {row['generator_cpu_cores']:.2f})", flush=True)  # fmt: skip
         return rows
     finally:
         process.terminate()
@@ -296,13 +276,9 @@ def main(argv: list[str] | None = None) -> None:
         default="",
         help="extra vt-serve flags, e.g. '--sessions 2 --threads 1' (a single flag: --server_args=--no_batching)",
     )
-    parser.add_argument(
-        "--open_loop", type=float, nargs="*", default=[], help="Poisson arrivals at these fractions of capacity"
-    )
+    parser.add_argument("--open_loop", type=float, nargs="*", default=[], help="Poisson rates: fractions of capacity")
     parser.add_argument("--capacity", type=float, help="requests/s the --open_loop fractions are of (else measured)")
-    parser.add_argument(
-        "--paragraphs", type=float, default=0.0, help="share of open-loop requests that are paragraphs"
-    )
+    parser.add_argument("--paragraphs", type=float, default=0.0, help="share of open-loop requests: paragraphs")
     parser.add_argument(
         "--modes", nargs="+", default=["step", "batching", "off"], choices=list(MODES),
         help="servers to measure, one after the other: request-level batching, step-level (--step_batching), "
@@ -318,22 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for offset, mode in enumerate(args.modes):
         rows += run_mode(args, MODES[mode][0], [*common_flags, *MODES[mode][1]], texts, args.port + offset)
-    single = {row["mode"]: row["p50_ms"] for row in rows if row.get("clients") == 1}
-    print("\n| server | clients | sentences/s | p50 ms | p99 ms | p99 / one at a time (p50) | CPU cores | failed |")
-    print("|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        if "clients" in row:  # the closed-loop levels
-            print(
-                f"| {row['mode']} | {row['clients']} | {row['sentences_per_s']:.1f} | {row['p50_ms']:.0f} | "
-                f"{row['p99_ms']:.0f} | {row['p99_ms'] / single.get(row['mode'], float('nan')):.2f}x | "
-                f"{row['cpu_cores']:.2f} | "
-                f"{row['failed']} |"
-            )
-    settings = {
-        "model": args.model, "num_beams": args.num_beams, "server_args": args.server_args, "modes": args.modes,
-        "clients": args.clients, "open_loop": args.open_loop, "capacity": args.capacity, "paragraphs": args.paragraphs,
-        "seconds": args.seconds,
-    }  # fmt: skip
+    settings = {key: getattr(args, key) for key in SETTINGS}
     save_run(args.output, {**settings, "date": time.strftime("%Y-%m-%d"), "rows": rows})
     print(f"\nWrote {args.output}")
 

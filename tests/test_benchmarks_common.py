@@ -19,11 +19,6 @@ def test_summarize_median_min_and_noise():
         common.summarize([])
 
 
-def test_speedup_is_reference_over_time():
-    assert common.speedup(2.0, 1.0) == 2.0
-    assert common.speedup(1.0, 2.0) == 0.5
-
-
 def test_run_interleaved_order_and_warmup():
     calls = []
     systems = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
