@@ -41,6 +41,6 @@ average_checkpoints_main = launcher("vt-average-checkpoints", "vanilla_transform
 main_job_main = launcher("vt-main-job", "vanilla_transformer.cli:main_job_main")
 convert_marian_main = launcher("vt-convert-marian", "vanilla_transformer.marian.cli:convert_marian_main")
 export_marian_main = launcher("vt-export-marian", "vanilla_transformer.marian.cli:export_marian_main")
-push_to_hub_main = launcher("vt-push-to-hub", "vanilla_transformer.cli:push_to_hub_main")
+push_to_hub_main = launcher("vt-push-to-hub", "vanilla_transformer.hub.cli:push_to_hub_main")
 export_onnx_main = launcher("vt-export-onnx", "vanilla_transformer.export.cli:export_onnx_main")
 export_ctranslate2_main = launcher("vt-export-ctranslate2", "vanilla_transformer.export.cli:export_ctranslate2_main")

@@ -64,6 +64,7 @@ def command(name: str, *argv: str):
 EXPORT_ONNX = "vanilla_transformer.export.cli:export_onnx_main"
 EXPORT_CT2 = "vanilla_transformer.export.cli:export_ctranslate2_main"
 EXPORT_MARIAN = "vanilla_transformer.marian.cli:export_marian_main"
+PUSH_TO_HUB = "vanilla_transformer.hub.cli:push_to_hub_command"
 
 
 def ort_main(*argv: str):
@@ -223,7 +224,7 @@ ROWS = [
     ("main_job/no-time", command("main_job", "--output_dir", "{tmp}/job", "--time_budget_minutes", "0"),
      ValueError, ["--time_budget_minutes 0", "no time"]),
     ("push_to_hub/missing-model",
-     command("push_to_hub", "--model", "{tmp}/none", "--repo_id", "u/m", "--dry_run", "{tmp}/hub"),
+     script(PUSH_TO_HUB, "--model", "{tmp}/none", "--repo_id", "u/m", "--dry_run", "{tmp}/hub"),
      ScriptExit, ["exit 2", "none"]),
     ("export/missing-model", script(EXPORT_ONNX, "--model", "{tmp}/none", "--output", "{tmp}/onnx"),
      ScriptExit, ["--model", "no such folder"]),

@@ -17,8 +17,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.cli import push_to_hub_command
 from vanilla_transformer.hub import CODE_FILES, prepare_hub_folder, push_to_hub, read_eval_results
+from vanilla_transformer.hub.cli import push_to_hub_command
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -485,7 +485,7 @@ def run_dir(tmp_path) -> Path:
 def test_hub_dry_run_writes_the_marian_folder_and_its_card(run_dir, tmp_path, capsys):
     from huggingface_hub import ModelCard
 
-    from vanilla_transformer.cli import push_to_hub_command
+    from vanilla_transformer.hub.cli import push_to_hub_command
 
     onnx = tmp_path / "onnx-export"
     onnx.mkdir()
@@ -518,7 +518,7 @@ def test_hub_upload_of_the_marian_folder(run_dir, monkeypatch, capsys):
     import huggingface_hub
 
     from tests.test_hub import SECRET, FakeHub
-    from vanilla_transformer.cli import push_to_hub_main
+    from vanilla_transformer.hub.cli import push_to_hub_main
 
     fake = FakeHub()
     monkeypatch.setattr(huggingface_hub, "HfApi", lambda *a, **k: fake)

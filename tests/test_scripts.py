@@ -23,9 +23,11 @@ CONSOLE_SCRIPTS = ["vt-train", "vt-evaluate", "vt-translate", "vt-train-tokenize
 def command(name):
     """The command function of `vt-<name>` (`vt-train` is `train_command`): it returns what it made."""
     from vanilla_transformer import cli
+    from vanilla_transformer.hub import cli as hub_cli
     from vanilla_transformer.marian import cli as marian_cli
 
-    return getattr(cli, f"{name}_command", None) or getattr(marian_cli, f"{name}_command")
+    return next(getattr(module, f"{name}_command") for module in (cli, marian_cli, hub_cli)
+                if hasattr(module, f"{name}_command"))  # fmt: skip
 
 
 @pytest.mark.parametrize("name", NAMES)
