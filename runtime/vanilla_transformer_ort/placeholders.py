@@ -414,8 +414,3 @@ def same_placeholders(source: str, translation: str, flags: Sequence[str] = ()) 
     # No accelerator in the source: an underscore the translation has ("Dienst_browser") is text, not a marker.
     found = normal(placeholders(translation, flags))
     return expected == Counter({key: n for key, n in found.items() if key[0] != "accelerator"})
-
-
-# Retry strategies: a mask style by name ("verbatim" is style "none"), "alternate" (the mask style the first attempt
-# did not use: percent, or brace after percent), or "segments". The defaults are the A/B's best
-# (docs/localization.md): the text as it is first, then %1 masks, then {0} masks, then segments.

@@ -23,6 +23,9 @@ class Result:
     reason: str = ""  # why the last attempt failed
 
 
+# Retry strategies: a mask style by name ("verbatim" is style "none"), "alternate" (the mask style the first attempt
+# did not use: percent, or brace after percent), or "segments". The defaults are the A/B's best
+# (docs/localization.md): the text as it is first, then %1 masks, then {0} masks, then segments.
 STRATEGIES = ("verbatim", "percent", "brace", "alternate", "segments")
 DEFAULT_STYLE = "none"
 DEFAULT_RETRY = ("percent", "brace", "segments")
