@@ -277,7 +277,7 @@ def test_missing_onnxruntime_names_the_extra(tmp_path):
 
     folder = tmp_path / "export"
     folder.mkdir()
-    for name in ("encoder_model.onnx", "decoder_model.onnx"):
+    for name in ("encoder_model.onnx", "decoder_model.onnx", "cache_reorder.onnx", "beam_scores.onnx"):
         (folder / name).write_bytes(b"")
     (folder / "config.json").write_text('{"decoder_start_token_id": 0}')
     (folder / "manifest.json").write_text('{"format": "vanilla-transformer-onnx", "format_version": 2}')

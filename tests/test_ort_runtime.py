@@ -219,26 +219,6 @@ def test_top_k_matches_a_full_stable_sort(length, k):
     np.testing.assert_array_equal(values, np.take_along_axis(scores, order, axis=1))
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"max_new_tokens": 15, "length_penalty": 0.6, "early_stopping": True},
-        {"max_new_tokens": 15, "min_new_tokens": 4},
-        {"max_new_tokens": 5, "forced_eos_token_id": 2},
-    ],
-)
-def test_beam4_without_the_scores_graph_is_token_identical(model, batch, tmp_path, options):
-    """Folders exported before `beam_scores.onnx` existed: numpy ranks the candidates."""
-    folder = tmp_path / "export"
-    shutil.copytree(trained_export_dir(), folder)
-    (folder / "beam_scores.onnx").unlink()
-    numpy_ranked = OrtTranslator(folder, provider="cpu")
-    assert numpy_ranked.beam_scores is None
-    expected = _generate(model, batch, num_beams=4, **options)
-    actual = numpy_ranked.generate(batch[0].numpy(), batch[1].numpy(), num_beams=4, **options)
-    np.testing.assert_array_equal(actual, expected)
-
-
 def test_beam4_with_the_two_stage_ranking_is_token_identical(batch, tmp_path):
     """A model of 40 tokens, whose `beam_scores.onnx` takes its top k from the best of 4 blocks of 10 candidates a
     row (`write_beam_scores_graph(block_size=10)`), decodes as `generate()` does with either decoder."""
@@ -262,16 +242,10 @@ def test_beam4_with_the_two_stage_ranking_is_token_identical(batch, tmp_path):
             np.testing.assert_array_equal(actual, expected)
 
 
-@pytest.mark.parametrize("helper_graphs", [("cache_reorder.onnx", "beam_scores.onnx"), ()])
-def test_io_binding_path_is_token_identical(model, batch, tmp_path, helper_graphs):
-    """The path CUDA uses (cache kept in onnxruntime values; beam reordering and ranking by the helper graphs or, for
-    folders without them, on the host), run here on the CPU device."""
-    folder = tmp_path / "export"
-    shutil.copytree(trained_export_dir(), folder)
-    for name in {"cache_reorder.onnx", "beam_scores.onnx"} - set(helper_graphs):
-        (folder / name).unlink()
-    bound = OrtTranslator(folder, provider="cpu", use_io_binding=True)
-    assert (bound.reorder is not None) == (bound.beam_scores is not None) == bool(helper_graphs)
+def test_io_binding_path_is_token_identical(model, batch):
+    """The path CUDA uses (cache kept in onnxruntime values; beam reordering and ranking by the helper graphs), run
+    here on the CPU device."""
+    bound = OrtTranslator(trained_export_dir(), provider="cpu", use_io_binding=True)
     for num_beams in (1, 4):
         expected = _generate(model, batch, num_beams=num_beams, max_new_tokens=15)
         actual = bound.generate(batch[0].numpy(), batch[1].numpy(), num_beams=num_beams, max_new_tokens=15)
@@ -356,8 +330,9 @@ def test_cli_translates_without_torch():
 
 @pytest.mark.parametrize(
     "missing",
-    ["encoder_model.onnx", "decoder_model.onnx", "tokenizer.json", "encoder_model.onnx.data", "shared_embedding.bin"],
-)
+    ["encoder_model.onnx", "decoder_model.onnx", "cache_reorder.onnx", "beam_scores.onnx", "tokenizer.json",
+     "encoder_model.onnx.data", "shared_embedding.bin"],
+)  # fmt: skip
 def test_folder_missing_a_file_names_it(tmp_path, missing):
     folder = tmp_path / "export"
     shutil.copytree(trained_export_dir(), folder)

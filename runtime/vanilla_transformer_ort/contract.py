@@ -16,8 +16,8 @@ ENCODER_FILE = "encoder_model.onnx"
 DECODER_FILE = "decoder_model.onnx"
 # optional (format version 2): the decoder step whose self-attention cache is a preallocated buffer written in place
 INPLACE_DECODER_FILE = "decoder_model_inplace.onnx"
-REORDER_FILE = "cache_reorder.onnx"  # optional helper graph: beam reordering where the cache lives
-BEAM_SCORES_FILE = "beam_scores.onnx"  # optional helper graph: a beam step's log-softmax and top k in onnxruntime
+REORDER_FILE = "cache_reorder.onnx"  # helper graph: beam reordering where the cache lives
+BEAM_SCORES_FILE = "beam_scores.onnx"  # helper graph: a beam step's log-softmax and top k in onnxruntime
 GRAPH_FILES = (ENCODER_FILE, DECODER_FILE, INPLACE_DECODER_FILE, REORDER_FILE, BEAM_SCORES_FILE)
 # fp32 folders keep the graphs' weights in ONNX external data: each graph's own in `<graph>.data`, and the embedding
 # table that the encoder, the decoders and the output projection share once, in this raw float32 (vocab, d_model)

@@ -116,7 +116,7 @@ class BoundState(CacheState):
 
     Greedy steps bring the logits back to the host. With a `scorer` (`beam_scores.onnx`), beam steps keep the logits
     on the device too and only the top k candidates come back. Beam reordering runs the `cache_reorder.onnx` helper
-    graph on the same device; without it (older export folders) the cache rows are gathered on the host instead.
+    graph (`reorder_session`) on the same device.
     """
 
     def __init__(
@@ -127,7 +127,7 @@ class BoundState(CacheState):
         past: dict,
         device: str,
         vocab_size: int,
-        reorder_session=None,
+        reorder_session,
         scorer=None,
     ):
         ort = import_onnxruntime()
@@ -179,14 +179,6 @@ class BoundState(CacheState):
         return values, indices
 
     def reorder(self, rows: np.ndarray) -> None:
-        if self.reorder_session is None:
-            if self.device == "cpu":
-                host = [self.on_device[name].numpy() for name in self.past_names]
-            else:  # the last run's presents are the current cache
-                host = self.binding.copy_outputs_to_cpu()[1:]
-            for name, value in zip(self.past_names, host, strict=True):
-                self.on_device[name] = self._upload(value[rows])
-            return
         binding = self.reorder_session.io_binding()
         binding.bind_cpu_input(REORDER_INDEX, np.ascontiguousarray(rows, dtype=np.int64))
         for name in self.past_names:

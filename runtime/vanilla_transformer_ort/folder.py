@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from .contract import (
+    BEAM_SCORES_FILE,
     CONFIG_FILE,
     DECODER_FILE,
     ENCODER_FILE,
@@ -20,6 +21,7 @@ from .contract import (
     GRAPH_FILES,
     INPLACE_DECODER_FILE,
     MANIFEST_FILE,
+    REORDER_FILE,
     TOKENIZER_FILE,
     language_pair,
     read_json_object,
@@ -30,7 +32,8 @@ from .marian_tokenizer import MarianSentencePieceTokenizer, is_marian_tokenizer_
 from .search import GenerationSettings
 
 # Files every export folder has; the graphs' external weights (`*.onnx.data`) are those its manifest lists.
-REQUIRED_FILES = (ENCODER_FILE, DECODER_FILE, CONFIG_FILE, MANIFEST_FILE)
+# Every folder vt-export-onnx has written since the first release holds the two helper graphs.
+REQUIRED_FILES = (ENCODER_FILE, DECODER_FILE, REORDER_FILE, BEAM_SCORES_FILE, CONFIG_FILE, MANIFEST_FILE)
 
 # Generation options that change outputs but are not implemented here: refuse them instead of ignoring them.
 UNSUPPORTED_GENERATION = {
@@ -135,8 +138,8 @@ class ExportFolder:
         settings: the generation defaults (`generation_config.json` over `config.json`).
         tokenizer: the source and target tokenizer (`encode_batch`, `decode_batch`).
         languages: (source, target) as the manifest names them, or None.
-        graphs: the graph files present (`contract.GRAPH_FILES`: the helper graphs and the in-place decoder are
-            optional).
+        graphs: the graph files present (`contract.GRAPH_FILES`: the in-place decoder is missing from folders of
+            format version 1).
     Raises:
         ValueError: one line naming the folder and what is wrong with it: missing, of another layout (the standard
             ONNX layout, a PyTorch or CTranslate2 model folder), a missing file, an unreadable JSON file, generation

@@ -133,9 +133,8 @@ class OrtTranslator:
         self.encoder = session(ENCODER_FILE)
         self.inplace = self._use_inplace(decoder_cache, requested, use_io_binding)
         self.decoder = session(INPLACE_DECODER_FILE if self.inplace else DECODER_FILE)
-        self.reorder = session(REORDER_FILE) if self.export_folder.has(REORDER_FILE) else None  # I/O binding only
-        # Without beam_scores.onnx, beam candidates are ranked in numpy.
-        self.beam_scores = session(BEAM_SCORES_FILE) if self.export_folder.has(BEAM_SCORES_FILE) else None
+        self.reorder = session(REORDER_FILE)  # the I/O binding path's beam reordering
+        self.beam_scores = session(BEAM_SCORES_FILE)
         # onnxruntime-gpu lists CUDA even without a GPU and silently falls back to CPU: report what is used.
         self.provider = self.decoder.get_providers()[0]
         if requested != self.provider:
