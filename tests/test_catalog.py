@@ -154,7 +154,11 @@ def test_plural_forms_header_that_does_not_parse(pot):
 
 def test_unknown_format_flag_names_the_line(pot):
     pot.write_text(POT.replace("#, python-brace-format", "#, python-brace-fromat"))
-    with pytest.raises(CatalogError, match=r"demo.pot:\d+: unknown format flag 'python-brace-fromat'"):
+    message = r"demo.pot:\d+: unknown format flag 'python-brace-fromat'; did you mean 'python-brace-format'\? Or"
+    with pytest.raises(CatalogError, match=message):
+        translate(pot)
+    pot.write_text(POT.replace("#, python-brace-format", "#, foo-format"))  # no known flag close enough to suggest
+    with pytest.raises(CatalogError, match=r"demo.pot:\d+: unknown format flag 'foo-format'; correct it \(c-format"):
         translate(pot)
 
 

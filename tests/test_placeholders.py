@@ -3,6 +3,7 @@
 import pytest
 
 from vanilla_transformer_ort.placeholders import (
+    closest_flag,
     find_accelerator,
     find_spans,
     placeholders,
@@ -146,6 +147,12 @@ def test_placeholders_measure_counts_accelerators_and_positional_rewrites():
 
 def test_unknown_flags():
     assert unknown_flags(["fuzzy", "c-format", "no-python-format", "c-fromat", "range"]) == ["c-fromat"]
+
+
+def test_closest_flag_suggests_only_a_typo():
+    assert closest_flag("c-fromat") == closest_flag("no-c-fromat") == "c-format"
+    assert closest_flag("pyhton-brace-format") == "python-brace-format"
+    assert closest_flag("foo-format") is closest_flag("markdown-format") is None  # unknown, but no typo of one
 
 
 def german(batch):

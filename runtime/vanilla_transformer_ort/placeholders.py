@@ -123,8 +123,9 @@ def unknown_flags(flags: Iterable[str]) -> list[str]:
 
 
 def closest_flag(flag: str) -> str | None:
-    """The known format flag `flag` is probably a typo of."""
-    matches = difflib.get_close_matches(flag.removeprefix("no-"), FORMAT_FLAGS, n=1, cutoff=0.6)
+    """The known format flag `flag` is probably a typo of (`c-fromat`: c-format), or None. Closer than what
+    `unknown_flags` calls a typo: every `*-format` is about 0.8 alike (`foo-format`, `go-format`)."""
+    matches = difflib.get_close_matches(flag.removeprefix("no-"), FORMAT_FLAGS, n=1, cutoff=0.85)
     return matches[0] if matches else None
 
 

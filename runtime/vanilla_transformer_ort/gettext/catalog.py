@@ -17,7 +17,7 @@ from pathlib import Path
 
 import polib
 
-from ..placeholders import unknown_flags
+from ..placeholders import closest_flag, unknown_flags
 from ..protected_translation import DEFAULT_RETRY, DEFAULT_STYLE, Result, translate_protected
 from .plural_forms import default_plural_forms, parse_plural_forms, singular_forms
 
@@ -182,10 +182,9 @@ def check_flags(catalog, path: Path) -> None:
     for entry in translatable_entries(catalog):
         unknown = unknown_flags(entry.flags)
         if unknown:
-            raise CatalogError(
-                f"{path}:{entry.linenum}: unknown format flag {unknown[0]!r}; correct it (c-format, python-format, "
-                "python-brace-format, qt-format, ...) or remove it"
-            )
+            guess = closest_flag(unknown[0])
+            fix = f"did you mean {guess!r}? Or" if guess else "correct it (c-format, python-format, ...) or"
+            raise CatalogError(f"{path}:{entry.linenum}: unknown format flag {unknown[0]!r}; {fix} remove it")
 
 
 def pretranslate(
