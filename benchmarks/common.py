@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -14,7 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,17 +53,24 @@ def parser(doc: str, output: str | None, rounds: int | None = None) -> argparse.
 
 
 def save_results(output: str | Path, benchmark: str, argv: list[str] | None, *, machine: dict, settings: dict,
-                 results: dict) -> dict:  # fmt: skip
+                 results: dict, same_run: Sequence[str] | None = None) -> dict:  # fmt: skip
     """Write the results file (`output`: a name under benchmarks/results/ or a path) that every benchmark writes,
-    {"benchmark", "command", "machine", "settings", "results"}, say where, and return what was written."""
+    {"benchmark", "command", "machine", "settings", "results"}, say where, and return that run. With `same_run`
+    (the settings that make two runs the same run) the file keeps a machine's runs, {"runs": [...]}, and this run
+    replaces the one whose settings agree on those."""
     path = Path(output).with_suffix(".json") if "/" in str(output) else RESULTS_DIR / f"{output}.json"
     command = f"python -m benchmarks.{benchmark} " + " ".join(sys.argv[1:] if argv is None else argv)
-    payload = {"benchmark": benchmark, "command": command.strip(), "machine": machine, "settings": settings,
-               "results": results}  # fmt: skip
+    run = json.loads(json.dumps({"benchmark": benchmark, "command": command.strip(), "machine": machine,
+                                 "settings": settings, "results": results}, default=str))  # fmt: skip
+    written = run
+    if same_run is not None:  # the earlier run of these settings goes, this one comes last
+        key = [run["settings"].get(name) for name in same_run]
+        runs = json.loads(path.read_text())["runs"] if path.exists() else []
+        written = {"runs": [old for old in runs if [old["settings"].get(name) for name in same_run] != key] + [run]}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    path.write_text(json.dumps(written, indent=2) + "\n")
     print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
-    return json.loads(path.read_text())
+    return run
 
 
 def format_table(headers: list[str], rows: list[list[object]]) -> str:
@@ -134,14 +142,20 @@ def pin_threads(threads: int = THREADS) -> None:
 
 
 def machine_info(threads: int = THREADS) -> dict:
-    import torch
-
+    """The CPU, threads, Python and torch versions (torch's from its metadata, not imported), load and date."""
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     names = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
     return {"cpu": names[0] if names else "unknown", "logical_cpus": os.cpu_count(), "threads": threads,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"), "python": platform.python_version(),
-            "torch": torch.__version__, "loadavg_1min": os.getloadavg()[0],
+            "torch": _version("torch"), "loadavg_1min": os.getloadavg()[0],
             "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def sgemm_systems(threads: int, workdir: Path | None = None, n: int = 2048) -> dict[str, Callable[[], object]]:

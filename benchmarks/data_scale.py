@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--prepare_once", action="store_true", help="later --ranks reuse the first's folder")
     parser.add_argument("--throughput_steps", type=int, default=0, help="also tokens/s over this many training steps")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR / "data_scale")
-    parser.add_argument("--name", default="data_scale", help="Results file: benchmarks/results/NAME.json.")
+    parser.add_argument("--name", default="data_scale", help="results file of the machine's runs: NAME or a path")
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     tokenizer = tokenizer_folder(args.workdir)
@@ -267,7 +267,9 @@ def main(argv: list[str] | None = None) -> dict:
                "peak anon", "per process"]  # fmt: skip
     print(format_table(headers, rows))
     settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
-    return save_results(args.name, "data_scale", argv, machine=machine_info(), settings=settings, results=results)
+    same_run = ("pairs", "ranks", "recipes", "steps", "prepare_once", "throughput_steps")
+    return save_results(args.name, "data_scale", argv, machine=machine_info(), settings=settings, results=results,
+                        same_run=same_run)  # fmt: skip
 
 
 def _cells(run: dict[str, dict]) -> list[str]:

@@ -7,8 +7,8 @@
 Each mode of `--modes` gets a fresh `vt-serve` subprocess on a loopback port. Closed loop: N clients, a connection
 each, send one UI string and wait for the answer, for `--seconds` after a warm-up. `--open_loop F ...`: requests
 arrive at F times the capacity measured at the largest `--clients` level (or `--capacity`), each on its own
-connection, answered or not. Rows go to `results/serve_load.json` (`--output`, one file a machine), a run with the
-same settings replacing the one before.
+connection, answered or not. Each run goes to the machine's results file (`--output`), replacing the run of the
+same settings.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.common import process_tree, read_tsv
+from benchmarks.common import machine_info, process_tree, read_tsv, save_results
 
 # --modes: the name a row carries and the server's flags
 MODES = {
@@ -37,7 +37,8 @@ MODES = {
     "off": ("batching off", ["--no_batching"]),
 }
 DEFAULT_TEXTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "gettext-en-de" / "test.tsv"
-RESULTS = Path(__file__).resolve().parent / "results" / "serve_load.json"
+# The settings that make two runs the same run: a run replaces the earlier one of its settings.
+SETTINGS = ("model", "num_beams", "server_args", "modes", "clients", "open_loop", "capacity", "paragraphs", "seconds")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -285,7 +286,9 @@ def main(argv: list[str] | None = None) -> None:
         "batching off (--no_batching)",
     )  # fmt: skip
     parser.add_argument("--port", type=int, default=5077)
-    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--output", default="serve_load", help="results file: NAME (benchmarks/results/NAME.json) or a path"
+    )
     args = parser.parse_args(argv)
     if args.open_loop and not (args.clients or args.capacity):
         parser.error("--open_loop needs a --clients level to measure capacity at, or --capacity")
@@ -294,24 +297,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for offset, mode in enumerate(args.modes):
         rows += run_mode(args, MODES[mode][0], [*common_flags, *MODES[mode][1]], texts, args.port + offset)
-    settings = {key: getattr(args, key) for key in SETTINGS}
-    save_run(args.output, {**settings, "date": time.strftime("%Y-%m-%d"), "rows": rows})
-    print(f"\nWrote {args.output}")
-
-
-SETTINGS = ("model", "num_beams", "server_args", "modes", "clients", "open_loop", "capacity", "paragraphs", "seconds")
-
-
-def save_run(path: Path, run: dict) -> None:
-    """Keep `run` in the machine's results file `path` (`{"runs": [...]}`), replacing a run of the same settings."""
-    runs = json.loads(path.read_text())["runs"] if path.exists() else []
-    same = [i for i, old in enumerate(runs) if all(old.get(key) == run[key] for key in SETTINGS)]
-    if same:
-        runs[same[0]] = run
-    else:
-        runs.append(run)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+    save_results(args.output, "serve_load", argv, machine=machine_info(), settings={key: getattr(args, key) for key in
+                 SETTINGS}, results={"rows": rows}, same_run=SETTINGS)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """The benchmark harness's pure functions: statistics, interleaving, FLOP counting, tables (never timings)."""
 
+import importlib.metadata
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -98,6 +101,30 @@ def test_save_results_writes_the_one_schema_by_name_or_path(tmp_path, monkeypatc
     assert common.save_results(tmp_path / "elsewhere" / "x.json", "memory", [], **fields)["benchmark"] == "memory"
     assert (tmp_path / "elsewhere" / "x.json").is_file()
     assert "wrote" in capsys.readouterr().out
+
+
+def test_save_results_keeps_a_machines_runs_one_per_settings(tmp_path):
+    """With `same_run`, the file holds every run, and a run replaces the earlier one of the same settings only."""
+    path = tmp_path / "serve.json"
+
+    def save(clients, seconds, value):
+        settings = {"clients": clients, "seconds": seconds}
+        return common.save_results(path, "serve_load", [], machine={}, settings=settings, results={"value": value},
+                                   same_run=("clients",))  # fmt: skip
+
+    save([32], 15, 1)
+    save([1, 32], 15, 2)
+    run = save([32], 20, 3)  # the same run as the first: it goes, this one comes last
+    runs = json.loads(path.read_text())["runs"]
+    assert [r["results"]["value"] for r in runs] == [2, 3] and runs[-1] == run
+    assert run["benchmark"] == "serve_load" and run["settings"] == {"clients": [32], "seconds": 20}
+
+
+def test_machine_info_reads_torchs_version_without_importing_it():
+    """`serve_load` records its machine too, and its process never needs torch."""
+    code = "import sys; from benchmarks import common; print(common.machine_info()['torch'], 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=common.ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [importlib.metadata.version("torch"), "False"]
 
 
 def test_open_loop_arrivals_are_a_poisson_stream_with_the_share_of_paragraphs_asked():
