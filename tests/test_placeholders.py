@@ -2,15 +2,14 @@
 
 import pytest
 
+from vanilla_transformer_ort.placeholder_syntax import closest_flag, unknown_flags
 from vanilla_transformer_ort.placeholders import (
-    closest_flag,
     find_accelerator,
     find_spans,
     placeholders,
     protect,
     restore,
     same_placeholders,
-    unknown_flags,
 )
 from vanilla_transformer_ort.protected_translation import translate_protected
 

@@ -20,7 +20,7 @@ from tests import serve_helpers
 from tests.onnx_helpers import SENTENCES, trained_export_dir, trained_int8_export_dir
 from tests.serve_helpers import free_port, live_server, make_service, serve_process, tiny_spec, wait_ready
 from vanilla_transformer_ort import OrtTranslator
-from vanilla_transformer_ort.placeholders import ENTITY, MARKUP
+from vanilla_transformer_ort.placeholder_syntax import ENTITY, MARKUP
 from vanilla_transformer_ort.serve.app import create_app
 from vanilla_transformer_ort.serve.batching import Overloaded
 from vanilla_transformer_ort.serve.service import TranslationService, load_translators

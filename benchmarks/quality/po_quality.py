@@ -21,7 +21,8 @@ import polib
 
 from benchmarks import common
 from vanilla_transformer_ort.gettext.catalog import load_catalog, pretranslate, write_catalog
-from vanilla_transformer_ort.placeholders import C_FORMAT, PYTHON_FORMAT, placeholders, same_placeholders
+from vanilla_transformer_ort.placeholder_syntax import C_FORMAT, PYTHON_FORMAT
+from vanilla_transformer_ort.placeholders import placeholders, same_placeholders
 
 # gettext_corpus.DESKTOP_CATALOGS, repeated to keep this benchmark free of torch
 DESKTOP_CATALOGS = ("PackageKit", "appstream", "at-spi2-core", "avahi", "gdk-pixbuf", "gsettings-desktop-schemas",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import polib
 
-from ..placeholders import closest_flag, unknown_flags
+from ..placeholder_syntax import closest_flag, unknown_flags
 from ..protected_translation import DEFAULT_RETRY, DEFAULT_STYLE, Result, translate_protected
 from .plural_forms import default_plural_forms, parse_plural_forms, singular_forms
 

@@ -18,7 +18,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from ..placeholders import ENTITY, MARKUP, VOID_ELEMENTS
+from ..placeholder_syntax import ENTITY, MARKUP, VOID_ELEMENTS
 
 # A sentence ends with . ! ? or … (optionally closed by quotes or brackets) followed by space and a capital or digit.
 SENTENCE_END = re.compile(r"(?<=[.!?…])[\"'”’)\]]*\s+(?=[\"'“‘(\[]?[A-ZÀ-ÖØ-Þ0-9])")
