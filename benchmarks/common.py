@@ -1,7 +1,5 @@
-"""Shared pieces of the benchmarks: the command line, the results file, interleaved timing, statistics, FLOP counts
-and the peers, built locally with random weights at equal sizes so that the systems differ only in their code.
-Heavy imports happen inside the functions that need them: a child process measuring one path loads only its own.
-"""
+"""Shared pieces of the benchmarks: command line, results file, interleaved timing, statistics, FLOP counts and the
+random-weight peers. Heavy imports stay inside functions: a child process measuring one path loads only its own."""
 
 from __future__ import annotations
 
@@ -54,10 +52,8 @@ def parser(doc: str, output: str | None, rounds: int | None = None) -> argparse.
 
 def save_results(output: str | Path, benchmark: str, argv: list[str] | None, *, machine: dict, settings: dict,
                  results: dict, same_run: Sequence[str] | None = None) -> dict:  # fmt: skip
-    """Write the results file (`output`: a name under benchmarks/results/ or a path) that every benchmark writes,
-    {"benchmark", "command", "machine", "settings", "results"}, say where, and return that run. With `same_run`
-    (the settings that make two runs the same run) the file keeps a machine's runs, {"runs": [...]}, and this run
-    replaces the one whose settings agree on those."""
+    """Write {"benchmark", "command", "machine", "settings", "results"} to `output` (a name under benchmarks/results/
+    or a path) and return it; with `same_run`, {"runs": [...]}, this run replacing the one that agrees on those."""
     path = Path(output).with_suffix(".json") if "/" in str(output) else RESULTS_DIR / f"{output}.json"
     command = f"python -m benchmarks.{benchmark} " + " ".join(sys.argv[1:] if argv is None else argv)
     run = json.loads(json.dumps({"benchmark": benchmark, "command": command.strip(), "machine": machine,
@@ -75,12 +71,10 @@ def save_results(output: str | Path, benchmark: str, argv: list[str] | None, *, 
 
 def format_table(headers: list[str], rows: list[list[object]]) -> str:
     """A GitHub-flavoured markdown table."""
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"
-    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    body = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells]
-    return "\n".join([line, rule, *body])
+    cells = [[str(c) for c in row] for row in [headers, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in cells]
+    return "\n".join([lines[0], "|" + "|".join("-" * (w + 2) for w in widths) + "|", *lines[1:]])
 
 
 def read_tsv(path: Path, limit: int | None = None) -> tuple[list[str], list[str]]:
@@ -94,11 +88,8 @@ def log(message: str) -> None:
 
 
 def summarize(times: list[float]) -> dict[str, float]:
-    """Median, min, max, mean and the two noise measures we report: the coefficient of variation (stdev / mean) and the
-    spread (max - min) / min."""
-    if not times:
-        raise ValueError("no timings to summarize")
-    mean, low, high = statistics.fmean(times), min(times), max(times)
+    """Median, min, max, mean and the noise: coefficient of variation (stdev / mean), spread (max - min) / min."""
+    mean, low, high = statistics.fmean(times), min(times), max(times)  # no timings: fmean raises a ValueError
     stdev = statistics.stdev(times) if len(times) > 1 else 0.0
     return {"n": len(times), "median": statistics.median(times), "min": low, "max": high, "mean": mean,
             "cv": stdev / mean if mean > 0 else 0.0, "spread": (high - low) / low if low > 0 else 0.0}  # fmt: skip
@@ -147,21 +138,14 @@ def machine_info(threads: int = THREADS) -> dict:
     names = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
     return {"cpu": names[0] if names else "unknown", "logical_cpus": os.cpu_count(), "threads": threads,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"), "python": platform.python_version(),
-            "torch": _version("torch"), "loadavg_1min": os.getloadavg()[0],
+            "torch": next((d.version for d in importlib.metadata.distributions(name="torch")), None),
+            "loadavg_1min": os.getloadavg()[0],
             "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
 
 
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def sgemm_systems(threads: int, workdir: Path | None = None, n: int = 2048) -> dict[str, Callable[[], object]]:
-    """(n x n) @ (n x n) in fp32 by torch.mm and, given a `workdir` for its graph, by onnxruntime's MatMul on a
-    constant right-hand side (which it prepacks, as it does a model's weights): timed among the systems, the
-    fastest is this machine's fp32 matmul peak (`sgemm_gflops`)."""
+    """(n x n) @ (n x n) in fp32 by torch.mm and, given a `workdir`, onnxruntime's MatMul on a constant (prepacked)
+    right-hand side: timed among the systems, the fastest is this machine's fp32 matmul peak (`sgemm_gflops`)."""
     import torch
 
     a, b, out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
@@ -207,11 +191,9 @@ def process_tree(pid: int) -> list[int]:
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(parent, []).append(int(entry.name))
-    tree, stack = [], [pid]
-    while stack:
-        current = stack.pop()
-        tree.append(current)
-        stack.extend(children.get(current, []))
+    tree = [pid]
+    for current in tree:  # the list grows as it is walked: every process comes after its parent
+        tree.extend(children.get(current, []))
     return tree
 
 
@@ -276,8 +258,7 @@ def build_vanilla(dims: Dims = BASE, preset: str = "base"):
 
 
 def build_marian(dims: Dims = BASE):
-    """transformers' Marian at `dims`: ReLU, one shared embedding, √d_model scaling, dropout 0.1 on the sub-layer
-    outputs only (as the paper and our base preset), the decoder starting from the pad token (the last id); at
+    """transformers' Marian at `dims`, as the paper and our base preset (dropout on sub-layer outputs only); at
     OPUS-MT's shape swish and a random non-zero logit bias, as trained OPUS-MT checkpoints hold."""
     import torch
     from transformers import MarianConfig, MarianMTModel
@@ -308,7 +289,7 @@ def vanilla_vocabulary(vocab_size: int = VOCAB_SIZE) -> list[str]:
     return ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(4, vocab_size)]
 
 
-def save_with_tokenizer(model, folder: Path, tokens: list[str]) -> Path:
+def save_with_tokenizer(model, folder: Path, tokens: list[str]) -> None:
     """`model` saved with a whitespace word-level tokenizer over `tokens`: CTranslate2's converter and the ONNX export
     read the vocabulary from it (the benchmarks feed token ids, so its only job is to be there)."""
     from tokenizers import Tokenizer
@@ -323,7 +304,6 @@ def save_with_tokenizer(model, folder: Path, tokens: list[str]) -> Path:
     )
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return folder
 
 
 def prepare_artifacts(workdir: Path = DEFAULT_WORKDIR, dims: Dims = BASE, with_onnx: bool = True) -> dict[str, Path]:
@@ -357,8 +337,7 @@ def prepare_artifacts(workdir: Path = DEFAULT_WORKDIR, dims: Dims = BASE, with_o
 
 
 def current_export(folder: Path, quantization: str) -> bool:
-    """An export folder written completely (the manifest comes last) in the exporter's current format version and
-    quantization. (After changing the exporter within one format, delete the folder, or it times the old graphs.)"""
+    """An export folder written completely (manifest last) in the exporter's current format and quantization."""
     from vanilla_transformer_ort.contract import MANIFEST_FILE, MANIFEST_FORMAT_VERSION
 
     manifest = json.loads((folder / MANIFEST_FILE).read_text()) if (folder / MANIFEST_FILE).exists() else {}

@@ -1,11 +1,6 @@
-"""Training data at the paper's scale: time to the first training step (a first run preparing the corpus, a cached
-run) and peak anonymous memory (summed `Pss_Anon` of the process tree), on synthetic corpora of WMT14's sizes built
-from the shared gettext pairs, for `vt-train` on 1 and 2 ranks and for the plain `load_dataset` + `map` +
-`group_by_length` recipe; and tokenization pairs/s on one core. What each figure means and the recorded runs:
-docs/benchmarks.md#training-data-at-the-papers-scale.
-
-    python -m benchmarks.data_scale --pairs 40000 4500000 --ranks 1 2 --recipes ours plain
-"""
+"""Training data at the paper's scale: time to the first step and peak anonymous memory of `vt-train` and of the plain
+recipe, and tokenization pairs/s per core, on synthetic corpora of WMT14's sizes (what each figure means and the
+recorded runs: docs/benchmarks.md#training-data-at-the-papers-scale)."""
 
 from __future__ import annotations
 
@@ -24,10 +19,6 @@ from benchmarks.common import DEFAULT_WORKDIR, ROOT, format_table, machine_info,
 
 SHARED = ROOT.parent / "shared" / "data" / "gettext-en-de"
 FIRST_STEP = re.compile(r"'loss': ")
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Inputs
 
 
 def synthetic_corpus(path: Path, pairs: int, seed: int = 0) -> Path:
@@ -57,10 +48,6 @@ def tokenizer_folder(workdir: Path) -> Path:
             ["--train_file", str(SHARED / "train.tsv"), "--vocab_size", "8000", "--output", str(folder)]
         )
     return folder
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Measuring a run
 
 
 def pss_anon_kib(pid: int) -> int:
@@ -149,7 +136,6 @@ PLAIN_RECIPE = """
 import sys
 from datasets import load_dataset
 from transformers import (AutoTokenizer, DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments)
-import vanilla_transformer
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
 corpus, tokenizer_dir, output_dir, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -179,9 +165,7 @@ def plain(corpus: Path, workdir: Path, tokenizer: Path, steps: int) -> dict[str,
     shutil.rmtree(cache, ignore_errors=True)
     env = {**environment(), "HF_DATASETS_CACHE": str(cache)}
     command = [sys.executable, "-c", PLAIN_RECIPE, str(corpus), str(tokenizer), str(workdir / "plain-run"), str(steps)]
-    first = measure(command, env, workdir / f"plain-{corpus.stem}-first.log")
-    cached = measure(command, env, workdir / f"plain-{corpus.stem}-cached.log")
-    return {"first": first, "cached": cached}
+    return {run: measure(command, env, workdir / f"plain-{corpus.stem}-{run}.log") for run in ("first", "cached")}
 
 
 def throughput(corpus: Path, workdir: Path, tokenizer: Path, steps: int, prepared: Path | None = None) -> float:
@@ -219,9 +203,6 @@ def tokenization_rate(corpus: Path, tokenizer: Path, pairs: int = 200_000) -> fl
         ["taskset", "-c", "0", sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     return round(float(output.stdout.strip().splitlines()[-1]))
-
-
-# --------------------------------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -266,9 +247,8 @@ def main(argv: list[str] | None = None) -> dict:
     headers = ["pairs", "recipe", "first run: to step 1", "peak anon", "per process", "cached: to step 1",
                "peak anon", "per process"]  # fmt: skip
     print(format_table(headers, rows))
-    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
     same_run = ("pairs", "ranks", "recipes", "steps", "prepare_once", "throughput_steps")
-    return save_results(args.name, "data_scale", argv, machine=machine_info(), settings=settings, results=results,
+    return save_results(args.name, "data_scale", argv, machine=machine_info(), settings=vars(args), results=results,
                         same_run=same_run)  # fmt: skip
 
 

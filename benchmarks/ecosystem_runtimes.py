@@ -1,11 +1,5 @@
-"""One trained model in every runtime it exports to, fp32, on the same sentences: this package's runtime on its own
-layout, 🤗 Optimum's `ORTModelForSeq2SeqLM` and transformers.js (Node) on the standard layout, and CTranslate2.
-Sentences/s (median of `--rounds`, one runtime after the other), greedy and beam 4 at batch 1 and 16, length penalty 1
-and early stopping, with how many translations equal this package's runtime's. Optimum runs in its own environment
-(tests/ecosystem_envs.py), transformers.js from the tests' npm installation; it has no beam search.
-
-    python -m benchmarks.ecosystem_runtimes --model outputs/main_job/model --texts outputs/main_job/data/test.tsv
-"""
+"""One trained model in this package's runtime, 🤗 Optimum, transformers.js (Node) and CTranslate2: sentences/s and the
+translations equal to this package's runtime's; docs/benchmarks.md#runtimes-of-the-ecosystem."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""Generation speed, side by side: transformers' Marian, this package (PyTorch, onnxruntime and its own CTranslate2
-export) and CTranslate2 running the Marian model, at the paper's base size or on an OPUS-MT-shaped model.
-
-The same random 24-token sources into exactly 32 new tokens (EOS masked until then), greedy and beam 4 at batch 1 and
-16, and 128 new tokens greedy at batch 1; systems timed interleaved, round after round, on pinned threads.
-`--shape opus-mt`: vocabulary 58,101, swish, a logit bias, this package's model imported from Marian's weights.
-`--floor`: each row's matmul FLOPs at this machine's fp32 peak, timed in the same rounds, the least time any fp32
-runtime could take.
-
-    python -m benchmarks.generate_speed --rounds 7
-    python -m benchmarks.generate_speed --shape opus-mt --rounds 3 --output opus_mt_speed
-"""
+"""Generation speed, interleaved, exactly as many new tokens each: transformers' Marian, this package (PyTorch,
+onnxruntime, its own CTranslate2 export) and CTranslate2 on Marian; docs/benchmarks.md, runs in
+docs/experiments/speed-log.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""What a deployment pays besides speed, one fresh process per system: each inference path's peak resident memory
-(it loads from disk, runs beam 4 at batch 16 once and reads its VmHWM; the ONNX runtime's imports no torch; "packing
-off" is `generate()` without its packed decoder weights) or, with `--exports`, each export's time from a saved folder.
-
-    python -m benchmarks.memory
-    python -m benchmarks.memory --exports --rounds 2
-"""
+"""Each inference path's peak resident memory (load, beam 4 at batch 16) or, with `--exports`, each export's time, one
+fresh process each; docs/benchmarks.md, runs in docs/experiments/speed-log.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""GPU serving: tokens/s of the fp16 export on onnxruntime's CUDA provider with I/O binding (cache and beam reordering
-on the device) beside PyTorch on the same device (`--torch_dtypes`), 24-token sources into exactly 32 new tokens, best
-of `--rounds` interleaved rounds. Needs `pip install -e ".[gpu]"` without the CPU `onnxruntime` package.
-
-    python -m benchmarks.onnx_gpu                       # base-preset dims, random weights
-    python -m benchmarks.onnx_gpu --provider cpu --preset tiny --vocab_size 512 --batches 1 4   # the same path on CPU
-"""
+"""GPU tokens/s of the fp16 export on onnxruntime's CUDA provider with I/O binding beside PyTorch on the same device
+(needs the `gpu` extra; `--provider cpu` for a smoke run); docs/experiments/onnx-speed.md."""
 
 from __future__ import annotations
 

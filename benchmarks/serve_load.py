@@ -1,15 +1,5 @@
-"""Load benchmark of `vt-serve`: closed-loop clients against a live server for each server mode, and open-loop
-(Poisson) arrivals; what each row measures and the recorded runs: docs/serving.md#load-benchmark.
-
-    python -m benchmarks.serve_load --model outputs/main_job/onnx-int8 --num_beams 4
-    python -m benchmarks.serve_load --model en-de=onnx/base --clients 32 --open_loop 0.5 0.8 1.5 --paragraphs 0.1
-
-Each mode of `--modes` gets a fresh `vt-serve` subprocess on a loopback port. Closed loop: N clients, a connection
-each, send one UI string and wait for the answer, for `--seconds` after a warm-up. `--open_loop F ...`: requests
-arrive at F times the capacity measured at the largest `--clients` level (or `--capacity`), each on its own
-connection, answered or not. Each run goes to the machine's results file (`--output`), replacing the run of the
-same settings.
-"""
+"""Load benchmark of `vt-serve`: closed-loop clients against a fresh server for each of `--modes`, and open-loop
+(Poisson) arrivals at fractions of its capacity; what each row measures: docs/serving.md#load-benchmark."""
 
 from __future__ import annotations
 
@@ -60,8 +50,7 @@ def start_server(model: str, port: int, extra: list[str]) -> subprocess.Popen:
 
 
 def wait_ready(url: str, process: subprocess.Popen | None = None, timeout: float = 120) -> None:
-    """Poll `url`/ready until it answers 200; raise if `process` (the server, when it is a subprocess) exits first
-    or `timeout` seconds pass."""
+    """Poll `url`/ready until it answers 200; raise if the server's `process` (if any) exits or `timeout` s pass."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
@@ -86,7 +75,7 @@ async def drive(url: str, pair: tuple[str, str], texts: list[str], clients: int,
     stop = time.monotonic() + seconds
 
     async def one_client():
-        # A connection per client, as separate users have (a shared pool throttled the generator; module docstring).
+        # A connection per client, as separate users have (a shared pool throttled the load generator).
         nonlocal failures
         async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=1)) as client:
             while time.monotonic() < stop:
@@ -105,7 +94,6 @@ async def drive(url: str, pair: tuple[str, str], texts: list[str], clients: int,
     started = time.perf_counter()
     await asyncio.gather(*(one_client() for _ in range(clients)))
     wall = time.perf_counter() - started
-    latencies.sort()
     return {
         "clients": clients,
         "answered": len(latencies),
@@ -113,7 +101,7 @@ async def drive(url: str, pair: tuple[str, str], texts: list[str], clients: int,
         "seconds": wall,
         "sentences_per_s": len(latencies) / wall,
         "p50_ms": 1000 * statistics.median(latencies) if latencies else None,
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None,
+        "p99_ms": 1000 * percentile(latencies, 0.99) if latencies else None,
     }
 
 
@@ -272,11 +260,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per level")
     parser.add_argument("--warmup", type=float, default=5.0, help="warm-up seconds per server")
     parser.add_argument("--num_beams", type=int, default=4)
-    parser.add_argument(
-        "--server_args",
-        default="",
-        help="extra vt-serve flags, e.g. '--sessions 2 --threads 1' (a single flag: --server_args=--no_batching)",
-    )
+    parser.add_argument("--server_args", default="", help="extra vt-serve flags, e.g. '--sessions 2 --threads 1' "
+                        "(a single flag: --server_args=--no_batching)")  # fmt: skip
     parser.add_argument("--open_loop", type=float, nargs="*", default=[], help="Poisson rates: fractions of capacity")
     parser.add_argument("--capacity", type=float, help="requests/s the --open_loop fractions are of (else measured)")
     parser.add_argument("--paragraphs", type=float, default=0.0, help="share of open-loop requests: paragraphs")

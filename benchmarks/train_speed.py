@@ -1,12 +1,5 @@
-"""Training throughput beside transformers' Marian, and against the machine's own fp32 matmul peak.
-
-One step = forward with labels (dropout on), backward and fused AdamW at the paper's base size on a fixed batch of
-32-token sentences. Reported: target tokens/s and FLOP utilisation (the step's matmul FLOPs per second / the best 2048³
-torch.mm rate, timed among the steps). `bf16`: the forward under CPU bf16 autocast, as `--bf16 --use_cpu` trains.
-
-    python -m benchmarks.train_speed --rounds 5
-    python -m benchmarks.train_speed --rounds 3 --batches 64 --variants eager bf16 marian-bf16
-"""
+"""Training throughput (forward, backward, fused AdamW at the base size) beside transformers' Marian and as a share of
+the machine's fp32 matmul peak; docs/benchmarks.md, runs in docs/experiments/speed-log.md."""
 
 from __future__ import annotations
 

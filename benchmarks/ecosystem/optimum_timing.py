@@ -21,12 +21,8 @@ def main(request_path: str) -> None:
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = request["threads"], 1
     model = ORTModelForSeq2SeqLM.from_pretrained(request["folder"], use_merged=True, session_options=options)
-    tokenizer, sentences, config, results = (
-        AutoTokenizer.from_pretrained(request["folder"]),
-        request["sentences"],
-        model.config,
-        {},
-    )
+    tokenizer = AutoTokenizer.from_pretrained(request["folder"])
+    sentences, config, results = request["sentences"], model.config, {}
     for name, run in request["runs"].items():
         model.generation_config = settings = GenerationConfig(
             num_beams=run["num_beams"], do_sample=False, max_new_tokens=request["max_new_tokens"], length_penalty=1.0,
@@ -38,9 +34,8 @@ def main(request_path: str) -> None:
             start, texts = time.perf_counter(), []
             for first in range(0, len(sentences), run["batch"]):
                 batch = tokenizer(sentences[first : first + run["batch"]], return_tensors="pt", padding=True)
-                texts += tokenizer.batch_decode(
-                    model.generate(**batch, generation_config=settings), skip_special_tokens=True
-                )
+                outputs = model.generate(**batch, generation_config=settings)
+                texts += tokenizer.batch_decode(outputs, skip_special_tokens=True)
             results[name] = {"seconds": [*results[name]["seconds"], time.perf_counter() - start], "texts": texts}
     print(json.dumps(results))
 

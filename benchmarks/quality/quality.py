@@ -1,10 +1,5 @@
-"""Quality bar: this package's Transformer against transformers' MarianMTModel with the same dimensions, tokenizer,
-data, recipe and steps; sacreBLEU/chrF on the test split, beam 4, per seed, into `<output_dir>/quality.json`. Recipes:
-`package` (the paper's Adam and schedule, label smoothing 0.1, token-budget batches) or `reference` (transformers'
-inverse-square-root schedule to 1e-3 after 500 steps, Adam β2 0.98, ε 1e-9, clipping 1.0, 64 pairs a batch by length).
-
-    python -m benchmarks.quality.quality --preset small --steps 2000 --recipe reference --seeds 0 1
-"""
+"""Quality bar: this package's model against transformers' MarianMTModel trained alike, sacreBLEU/chrF per seed into
+`<output_dir>/quality.json`; the recipes and runs: docs/experiments/quality-benchmark.md."""
 
 from __future__ import annotations
 
@@ -39,7 +34,7 @@ def build(kind: str, config: VanillaTransformerConfig, seed: int):
 
 
 def recipe_arguments(args, output_dir: Path, seed: int, d_model: int):
-    """Trainer arguments and recipe of `--recipe` (see the module docstring)."""
+    """Trainer arguments and recipe of `--recipe`: the paper's (`package`) or transformers' plain one (`reference`)."""
     shared = dict(
         output_dir=str(output_dir), max_steps=args.steps, seed=seed, logging_steps=50, save_strategy="no",
         report_to="none", use_cpu=not torch.cuda.is_available(), disable_tqdm=False,
