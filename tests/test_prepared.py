@@ -102,14 +102,18 @@ def test_every_format_gives_the_streaming_readers_pairs_and_the_tokenizers_ids(
     assert row["length"] == max(row["source_length"], row["target_length"])
 
 
-def test_backend_fast_path_equals_the_call_with_a_prefix_space_tokenizer(tmp_path):
+@pytest.mark.parametrize("path", ["tiktoken", "backend"])
+def test_backend_fast_path_equals_the_call_with_a_prefix_space_tokenizer(tmp_path, path, monkeypatch):
     from vanilla_transformer.training.tokenization import train_bpe_tokenizer
 
+    if path == "backend":
+        monkeypatch.setitem(sys.modules, "tiktoken", None)
     pairs = make_pairs(300, seed=4)
     tokenizer = train_bpe_tokenizer([t for pair in pairs for t in pair], vocab_size=300, add_prefix_space=True)
     encoder = PairEncoder(tokenizer)
     out = encoder({"source": [s for s, _ in pairs], "target": [t for _, t in pairs]})
-    assert encoder._backend is not None  # the fast path was taken ...
+    assert encoder._backend is not None  # a fast path was taken ...
+    assert (encoder._fast is not None) == (path == "tiktoken")
     reference = tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs])
     assert out["input_ids"] == reference["input_ids"] and out["labels"] == reference["labels"]  # ... and agrees
 

@@ -9,6 +9,7 @@ import pyarrow.compute
 from datasets import Dataset, Features, Sequence, Value
 from transformers.utils import logging
 
+from .byte_level_bpe import FastByteLevelBpe
 from .data import DataArguments
 
 logger = logging.get_logger(__name__)
@@ -28,8 +29,9 @@ class PairEncoder:
     than the limits (training only; validation and test are scored complete and keep their text).
 
     The ids are what `tokenizer(source, text_target=target)` gives. For a fast tokenizer the batch goes straight to
-    its Rust backend (a copy without truncation or padding), which skips building a `BatchEncoding` per pair; the
-    first batch is checked against `tokenizer(...)` and the plain call is used whenever the two differ.
+    its Rust backend (a copy without truncation or padding), which skips building a `BatchEncoding` per pair, or,
+    for a byte-level BPE tokenizer that tiktoken reproduces, to tiktoken (`byte_level_bpe`); the first batch is
+    checked against `tokenizer(...)` and the plain call is used whenever the two differ.
     """
 
     def __init__(
@@ -39,7 +41,7 @@ class PairEncoder:
         self.tokenizer = tokenizer
         self.max_source_length, self.max_target_length = max_source_length, max_target_length
         self.keep_text = keep_text
-        self._backend = None
+        self._backend = self._fast = None
         self._checked = False
         if getattr(tokenizer, "is_fast", False):
             from tokenizers import Tokenizer
@@ -48,9 +50,12 @@ class PairEncoder:
             backend.no_truncation()
             backend.no_padding()
             self._backend = backend
+            self._fast = FastByteLevelBpe.from_tokenizer(backend)
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text (with the tokenizer's special tokens, e.g. the final `</s>`)."""
+        if self._fast is not None:
+            return self._fast.encode(texts)
         encode_batch = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
         return [encoding.ids for encoding in encode_batch(texts)]
 
