@@ -17,7 +17,7 @@ fi
 # The scripts import the installed package: install this checkout unless it is the one Python finds (asked from
 # outside the checkout, so that the working directory does not count).
 installed="$(cd / && python -c "import os, vanilla_transformer as v; print(os.path.realpath(os.path.dirname(os.path.dirname(v.__file__))))" 2>/dev/null || true)"
-if [[ "$installed" != "$(pwd -P)" ]] || ! python -c "import datasets, accelerate, sacrebleu, matplotlib, tensorboard, onnxruntime, onnxscript" 2>/dev/null; then
+if [[ "$installed" != "$(pwd -P)" ]] || ! python -c "import datasets, accelerate, sacrebleu, matplotlib, tensorboard, tiktoken, onnxruntime, onnxscript" 2>/dev/null; then
     python -m pip install --quiet -e ".[train,onnx]"
 fi
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"  # the main job needs nothing from the Hub
