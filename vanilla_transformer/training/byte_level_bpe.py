@@ -19,7 +19,7 @@ and returns plain ids. The two give the same ids on a text when
 `FastByteLevelBpe.from_tokenizer` checks 1 and 2 on the whole vocabulary and returns None for any other tokenizer
 (another model, a normalizer, BPE dropout, ...), whose texts then go through `tokenizers` as before. The split
 pattern is GPT-2's in both; their regex engines agree on the letter, number and space classes of every Unicode code
-point (tests/test_byte_level_bpe.py checks all of them).
+point (tests/test_byte_level_bpe.py: every seventh, and all of them under `-m slow`).
 """
 
 from __future__ import annotations
