@@ -7,9 +7,10 @@ import sys
 
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from tests.training_fixtures import make_pairs
-from vanilla_transformer.training.byte_level_bpe import FastByteLevelBpe, byte_symbols
+from vanilla_transformer.training.byte_level_bpe import FastByteLevelBpe
 from vanilla_transformer.training.tokenization import train_bpe_tokenizer
 
 pytest.importorskip("tiktoken")
@@ -86,7 +87,7 @@ def test_the_split_pattern_classes_every_code_point_alike(backend):
 
 
 def _byte_level_bpe(merges: list[tuple[str, str]], **model) -> Tokenizer:
-    symbols = list(byte_symbols())
+    symbols = list(bytes_to_unicode().values())
     vocab = {"</s>": 0, **{symbol: 1 + i for i, symbol in enumerate(symbols)}}
     for left, right in merges:
         vocab.setdefault(left + right, len(vocab))

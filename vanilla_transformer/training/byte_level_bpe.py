@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import re
-from functools import cache
 from typing import Any
 
 from transformers.utils import logging
@@ -35,16 +34,6 @@ logger = logging.get_logger(__name__)
 
 # GPT-2's split pattern, as `tokenizers`' ByteLevel pre-tokenizer (use_regex=True) writes it.
 SPLIT_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-
-
-@cache
-def byte_symbols() -> dict[str, int]:
-    """The printable character that byte-level BPE writes for each byte (GPT-2's table), to the byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    shifted = [byte for byte in range(256) if byte not in printable]
-    table = {chr(byte): byte for byte in printable}
-    table.update({chr(256 + k): byte for k, byte in enumerate(shifted)})
-    return table
 
 
 class FastByteLevelBpe:
@@ -94,10 +83,10 @@ class FastByteLevelBpe:
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text, the tokenizer's special tokens (e.g. the final `</s>`) included."""
         encode, before, after = self._tiktoken().encode_ordinary, self.before, self.after
-        prefix = " " if self.prefix_space else ""
-        ids = [
-            before + encode(text if not prefix or text.startswith(" ") else prefix + text) + after for text in texts
-        ]
+        pieces = texts
+        if self.prefix_space:  # as the ByteLevel pre-tokenizer: a space before a text that does not begin with one
+            pieces = [text if text.startswith(" ") else " " + text for text in texts]
+        ids = [before + encode(piece) + after for piece in pieces]
         if self._added is not None:
             holding = [i for i, text in enumerate(texts) if self._added.search(text)]
             if holding:
@@ -123,7 +112,9 @@ def _equivalent_ranks(spec: dict[str, Any], backend: Any) -> tuple[dict[bytes, i
     template = _template(spec.get("post_processor"))
     vocab: dict[str, int] = model["vocab"]
     added = {token["content"] for token in spec.get("added_tokens", [])}
-    symbols = byte_symbols()
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    symbols = {symbol: byte for byte, symbol in bytes_to_unicode().items()}  # GPT-2's printable stand-ins
     if any(symbol not in vocab for symbol in symbols):
         raise ValueError("a byte symbol is missing from the vocabulary")
     products, last = set(), -1
